@@ -1,0 +1,153 @@
+"""Pairwise graphs: validation of (edges, unary, pairwise) and the incidence
+structure that every message-passing kernel walks.
+
+Conventions used throughout the package
+---------------------------------------
+- ``edges`` is an (E, 2) int64 array; edge ``e`` joins ``i = edges[e, 0]`` and
+  ``j = edges[e, 1]``.
+- ``unary`` is (n, K): ``unary[i, a] = theta(x_i = a)``.
+- ``pairwise`` is (E, K, K): ``pairwise[e, a, b] = theta(x_i = a, x_j = b)``.
+- Messages are stored as an (E, 2, K) array: ``messages[e, s]`` is the message
+  ``m_e(x_v)`` from edge (factor) ``e`` into its endpoint ``v = edges[e, s]``.
+- The incidence of node ``v`` is ``incident_edge[ptr[v]:ptr[v+1]]`` with the
+  matching ``incident_side`` (``edges[e, side] == v``), edges in increasing
+  order.
+"""
+
+import numbers
+
+import numpy as np
+
+__all__ = ["Incidence", "grid_edges", "incidence", "validate_model"]
+
+
+def grid_edges(height, width):
+    """Edges of the 4-connected ``height`` x ``width`` grid, pixels numbered
+    in row-major (C) order.
+
+    Horizontal edges come first (row by row), then vertical ones, each joining
+    a pixel to its right / lower neighbour: ``(i, i + 1)`` and ``(i, i + width)``.
+
+    Returns
+    -------
+    edges : ndarray of shape (H*(W-1) + (H-1)*W, 2), int64
+    """
+    height, width = int(height), int(width)
+    if height < 1 or width < 1:
+        raise ValueError(f"grid shape must be positive, got ({height}, {width})")
+    index = np.arange(height * width, dtype=np.int64).reshape(height, width)
+    horizontal = np.stack([index[:, :-1].ravel(), index[:, 1:].ravel()], axis=1)
+    vertical = np.stack([index[:-1, :].ravel(), index[1:, :].ravel()], axis=1)
+    return np.ascontiguousarray(np.concatenate([horizontal, vertical], axis=0))
+
+
+class Incidence:
+    """For every node, the edges that touch it (CSR layout).
+
+    Attributes
+    ----------
+    ptr : (n + 1,) int64
+    edge : (2E,) int64, the incident edge indices, node by node
+    side : (2E,) int64, which end of that edge the node is (0 or 1)
+    """
+
+    __slots__ = ("ptr", "edge", "side")
+
+    def __init__(self, ptr, edge, side):
+        self.ptr, self.edge, self.side = ptr, edge, side
+
+
+def incidence(n_nodes, edges):
+    """Build the :class:`Incidence` of a graph with ``n_nodes`` nodes."""
+    n_edges = edges.shape[0]
+    ends = edges.ravel()  # node of (e, s) at position 2e + s
+    order = np.argsort(ends, kind="stable")
+    counts = np.bincount(ends, minlength=n_nodes)
+    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    edge = (order // 2).astype(np.int64)
+    side = (order % 2).astype(np.int64)
+    assert edge.shape[0] == 2 * n_edges
+    return Incidence(ptr, np.ascontiguousarray(edge), np.ascontiguousarray(side))
+
+
+def _as_float_array(value, name, ndim):
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+    if array.ndim != ndim:
+        raise ValueError(f"{name} must be a {ndim}-D array, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return np.ascontiguousarray(array)
+
+
+def validate_edges(edges, n_nodes):
+    """Check an (E, 2) edge array against ``n_nodes``; return it as int64."""
+    edges = np.asarray(edges)
+    if edges.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if edges.ndim != 2 or edges.shape[1] != 2:
+        raise ValueError(f"edges must have shape (E, 2), got {edges.shape}")
+    if not (np.issubdtype(edges.dtype, np.integer)):
+        if np.issubdtype(edges.dtype, np.floating) and np.all(edges == np.round(edges)):
+            pass
+        else:
+            raise ValueError(f"edges must hold integer node indices, got dtype {edges.dtype}")
+    edges = np.ascontiguousarray(edges, dtype=np.int64)
+    if edges.min() < 0 or edges.max() >= n_nodes:
+        raise ValueError(
+            f"edges refer to node indices in [{edges.min()}, {edges.max()}] "
+            f"but there are only {n_nodes} nodes (valid: 0 .. {n_nodes - 1})"
+        )
+    if np.any(edges[:, 0] == edges[:, 1]):
+        bad = int(np.flatnonzero(edges[:, 0] == edges[:, 1])[0])
+        raise ValueError(f"edges contain a self-loop: edge {bad} joins node {edges[bad, 0]} to itself")
+    return edges
+
+
+def validate_model(edges, unary, pairwise):
+    """Validate a pairwise model and return contiguous float64/int64 copies.
+
+    Raises
+    ------
+    ValueError
+        On wrong shapes, out-of-range or self-loop edges, NaN or inf values,
+        fewer than two labels or no nodes.
+    """
+    unary = _as_float_array(unary, "unary", 2)
+    n_nodes, n_states = unary.shape
+    if n_nodes == 0:
+        raise ValueError("the graph is empty: unary has no rows (no nodes)")
+    if n_states < 2:
+        raise ValueError(f"need at least K = 2 labels, unary has {n_states} column(s)")
+    edges = validate_edges(edges, n_nodes)
+    n_edges = edges.shape[0]
+    pairwise = np.asarray(pairwise, dtype=np.float64) if pairwise is not None else None
+    if pairwise is None or (pairwise.size == 0 and n_edges == 0):
+        pairwise = np.zeros((n_edges, n_states, n_states))
+    pairwise = _as_float_array(pairwise, "pairwise", 3)
+    if pairwise.shape != (n_edges, n_states, n_states):
+        raise ValueError(
+            f"pairwise must have shape (E, K, K) = ({n_edges}, {n_states}, {n_states}) "
+            f"to match edges {edges.shape} and unary {unary.shape}, got {pairwise.shape}"
+        )
+    return edges, unary, pairwise
+
+
+def check_n_iter(n_iter, name="n_iter", allow_none=True):
+    """``None`` or a non-negative integer."""
+    if n_iter is None and allow_none:
+        return None
+    if isinstance(n_iter, bool) or not isinstance(n_iter, numbers.Integral):
+        raise ValueError(f"{name} must be a non-negative integer{' or None' if allow_none else ''}, got {n_iter!r}")
+    if n_iter < 0:
+        raise ValueError(f"{name} must be non-negative, got {n_iter}")
+    return int(n_iter)
+
+
+def check_positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
