@@ -1,0 +1,350 @@
+"""Loss functions (Domke 2013, Sec. "Loss Functions").
+
+Two families live here:
+
+* **Marginal-based losses** (:func:`marginal_loss`): plain functions of the
+  (possibly approximate) unary and pairwise marginals.  They know nothing of
+  how the marginals were computed; they return the loss value and its gradient
+  with respect to the marginal arrays, which the gradient layer then
+  back-propagates through the inference algorithm.
+* **The likelihood family that needs no inference** (:func:`pseudolikelihood`,
+  :func:`piecewise`): functions of the parameters theta, returning the
+  negative (pseudo / piecewise) log-likelihood and its gradient with respect
+  to ``unary`` and ``pairwise``.
+
+Every value is a *sum* over nodes / edges (not a mean) and is to be
+*minimised* (the likelihoods are negated).
+
+Conventions (see ``docs/architecture.md``): ``edges`` (E, 2) int64 with
+``edges[e] = (i, j)``; ``unary`` / unary marginals (n, K); ``pairwise`` /
+pairwise marginals (E, K, K) with ``[e, a, b]`` referring to
+``x_i = a, x_j = b``; ``labels`` (n,) int64 with ``-1`` marking a hidden
+(unobserved) node.  Inputs are validated by the caller.
+
+Hidden labels (paper, Sec. "Hidden variables"): sums run over observed
+variables only.  Precisely,
+
+* univariate losses and the node pieces of ``piecewise``: observed nodes;
+* ``clique_logistic`` and the edge pieces of ``piecewise``: edges whose two
+  ends are both observed;
+* ``pseudolikelihood``: the term of node ``i`` is kept only if ``x_i`` *and
+  every neighbour of i* are observed -- terms touching a hidden node are
+  dropped (the conditional p(x_i | x_N(i)) is undefined without them).
+
+Log guard: at extreme parameters a marginal can underflow to 0.  The logistic
+losses evaluate ``-log(max(mu, LOG_FLOOR))`` with ``LOG_FLOOR = 1e-300`` and
+return the gradient ``-1 / max(mu, LOG_FLOOR)``.  Above the floor this is the
+exact derivative; below it the value and gradient stay finite (the gradient is
+the one at the floor, so ``mu * grad`` -- what a softmax-type backward pass
+forms -- stays within [-1, 0]).
+"""
+
+import numpy as np
+from scipy.special import expit, logsumexp, softmax
+
+__all__ = [
+    "LOG_FLOOR",
+    "MARGINAL_LOSSES",
+    "hamming_error",
+    "marginal_loss",
+    "piecewise",
+    "pseudolikelihood",
+]
+
+MARGINAL_LOSSES = (
+    "univariate_logistic",
+    "clique_logistic",
+    "univariate_quadratic",
+    "smooth_classification",
+)
+
+LOG_FLOOR = 1e-300
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+
+def _labels_and_mask(labels):
+    labels = np.asarray(labels, dtype=np.int64)
+    observed = labels >= 0
+    # index that is safe to use for hidden nodes too (their terms are masked out)
+    safe = np.where(observed, labels, 0)
+    return labels, observed, safe
+
+
+def _edge_mask(edges, observed):
+    if edges.shape[0] == 0:
+        return np.zeros(0, dtype=bool)
+    return observed[edges[:, 0]] & observed[edges[:, 1]]
+
+
+def _neg_log_and_grad(values):
+    """-log(max(v, LOG_FLOOR)) and the gradient -1 / max(v, LOG_FLOOR)."""
+    clipped = np.maximum(values, LOG_FLOOR)
+    return -np.log(clipped), -1.0 / clipped
+
+
+def _check_alpha(alpha):
+    if alpha is None:
+        raise ValueError(
+            "smooth_classification needs alpha > 0 (the sigmoid sharpness; the paper "
+            "uses 5, 15 or 50), got alpha=None"
+        )
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"smooth_classification needs a numeric alpha > 0, got alpha={alpha!r}") from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"smooth_classification needs a finite alpha > 0, got alpha={alpha!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# marginal-based losses
+# ---------------------------------------------------------------------------
+
+
+def _univariate_logistic(mu, observed, safe):
+    nodes = np.flatnonzero(observed)
+    grad = np.zeros_like(mu)
+    value, g = _neg_log_and_grad(mu[nodes, safe[nodes]])
+    grad[nodes, safe[nodes]] = g
+    return float(value.sum()), grad
+
+
+def _clique_logistic(mu2, edges, observed, safe):
+    grad = np.zeros_like(mu2)
+    kept = np.flatnonzero(_edge_mask(edges, observed))
+    if kept.size == 0:
+        return 0.0, grad
+    a = safe[edges[kept, 0]]
+    b = safe[edges[kept, 1]]
+    value, g = _neg_log_and_grad(mu2[kept, a, b])
+    grad[kept, a, b] = g
+    return float(value.sum()), grad
+
+
+def _univariate_quadratic(mu, observed, safe):
+    n, k = mu.shape
+    target = np.zeros_like(mu)
+    target[np.arange(n), safe] = 1.0
+    diff = (mu - target) * observed[:, None]
+    return float(np.sum(diff * diff)), 2.0 * diff
+
+
+def _smooth_classification(mu, observed, safe, alpha):
+    n, k = mu.shape
+    grad = np.zeros_like(mu)
+    nodes = np.flatnonzero(observed)
+    if nodes.size == 0:
+        return 0.0, grad
+    rows = mu[nodes]
+    truth = safe[nodes]
+    others = rows.copy()
+    others[np.arange(nodes.size), truth] = -np.inf
+    # np.argmax returns the *first* maximiser: ties among the wrong labels send
+    # the gradient to the smallest such label index.
+    rival = np.argmax(others, axis=1)
+    t = others[np.arange(nodes.size), rival] - rows[np.arange(nodes.size), truth]
+    at = alpha * t
+    value = expit(at)  # 1 / (1 + exp(-alpha t)), stable for any |alpha t|
+    slope = alpha * expit(at) * expit(-at)  # dS/dt, no overflow either
+    grad[nodes, rival] += slope
+    grad[nodes, truth] -= slope
+    return float(value.sum()), grad
+
+
+def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alpha=None):
+    """A marginal-based loss and its gradient with respect to the marginals.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`MARGINAL_LOSSES`:
+
+        - ``"univariate_logistic"``: ``-sum_{i observed} log mu_i(x_i)``.
+        - ``"clique_logistic"``: ``-sum_{(i,j) both observed} log mu_ij(x_i, x_j)``.
+        - ``"univariate_quadratic"``:
+          ``sum_{i observed} sum_x (mu_i(x) - [x = x_i])**2``.
+        - ``"smooth_classification"``:
+          ``sum_{i observed} S(max_{x' != x_i} mu_i(x') - mu_i(x_i))`` with
+          ``S(t) = 1 / (1 + exp(-alpha t))``.  The gradient goes through the
+          maximising wrong label ``x'``; on ties the first (smallest-index)
+          maximiser is used.
+    unary_marginals : (n, K) array
+    pairwise_marginals : (E, K, K) array or None
+        Only read by ``"clique_logistic"``; ``None`` is allowed for the
+        others (the returned pairwise gradient is then zeros (E, K, K)).
+    edges : (E, 2) int array
+    labels : (n,) int array, ``-1`` = hidden
+    alpha : float, optional
+        Sigmoid sharpness, required (> 0) for ``"smooth_classification"``
+        (the paper uses 5, 15, 50); ignored by the other losses.
+
+    Returns
+    -------
+    value : float
+    grad_unary_marginals : (n, K) ndarray
+    grad_pairwise_marginals : (E, K, K) ndarray
+
+    Notes
+    -----
+    The gradients are with respect to the raw arrays (no normalisation is
+    assumed).  Logs are guarded by :data:`LOG_FLOOR`, see the module
+    docstring.
+    """
+    if not isinstance(name, str) or name not in MARGINAL_LOSSES:
+        raise ValueError(f"unknown marginal loss {name!r}; valid names are {', '.join(MARGINAL_LOSSES)}")
+    if name == "smooth_classification":
+        alpha = _check_alpha(alpha)
+
+    mu = np.asarray(unary_marginals, dtype=np.float64)
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    n_states = mu.shape[1]
+    labels, observed, safe = _labels_and_mask(labels)
+
+    if pairwise_marginals is None:
+        if name == "clique_logistic":
+            raise ValueError("clique_logistic needs pairwise_marginals, got None")
+        mu2 = None
+    else:
+        mu2 = np.asarray(pairwise_marginals, dtype=np.float64)
+    zero_pairwise = np.zeros((edges.shape[0], n_states, n_states))
+
+    if name == "univariate_logistic":
+        value, grad = _univariate_logistic(mu, observed, safe)
+        return value, grad, zero_pairwise
+    if name == "clique_logistic":
+        value, grad2 = _clique_logistic(mu2, edges, observed, safe)
+        return value, np.zeros_like(mu), grad2
+    if name == "univariate_quadratic":
+        value, grad = _univariate_quadratic(mu, observed, safe)
+        return value, grad, zero_pairwise
+    value, grad = _smooth_classification(mu, observed, safe, alpha)
+    return value, grad, zero_pairwise
+
+
+# ---------------------------------------------------------------------------
+# likelihood family (functions of theta, no inference)
+# ---------------------------------------------------------------------------
+
+
+def pseudolikelihood(edges, unary, pairwise, labels):
+    """Negative pseudolikelihood ``-sum_i log p(x_i | x_N(i))`` and its gradient.
+
+    ``p(x_i = a | x_N(i)) ∝ exp(theta_i(a) + sum_{c ∋ i} theta_c(a, x_j))``,
+    where for ``edges[e] = (i, j)`` node ``i`` indexes axis 1 of
+    ``pairwise[e]`` and node ``j`` axis 2.
+
+    Hidden labels: the term of node ``i`` is kept only if ``x_i`` and all its
+    neighbours are observed; terms touching a hidden node are dropped.
+
+    Returns
+    -------
+    value : float
+    grad_unary : (n, K) ndarray
+    grad_pairwise : (E, K, K) ndarray
+    """
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    unary = np.asarray(unary, dtype=np.float64)
+    pairwise = np.asarray(pairwise, dtype=np.float64)
+    n, k = unary.shape
+    n_edges = edges.shape[0]
+    labels, observed, safe = _labels_and_mask(labels)
+    src, dst = edges[:, 0], edges[:, 1]
+    ar = np.arange(n_edges)
+
+    # conditional scores s_i(a) = theta_i(a) + sum of the incident pairwise
+    # columns / rows at the neighbours' labels
+    scores = unary.copy()
+    np.add.at(scores, src, pairwise[ar, :, safe[dst]])  # (E, K): theta_e(a, x_j)
+    np.add.at(scores, dst, pairwise[ar, safe[src], :])  # (E, K): theta_e(x_i, b)
+
+    # keep node i iff it and all its neighbours are observed
+    hidden_neighbours = np.bincount(src[~observed[dst]], minlength=n) + np.bincount(
+        dst[~observed[src]], minlength=n
+    )
+    keep = observed & (hidden_neighbours == 0)
+
+    log_norm = logsumexp(scores, axis=1)
+    value = -np.sum((scores[np.arange(n), safe] - log_norm)[keep])
+
+    g = softmax(scores, axis=1)
+    g[np.arange(n), safe] -= 1.0
+    g *= keep[:, None]  # d(value)/d(scores)
+
+    grad_pairwise = np.zeros_like(pairwise)
+    if n_edges:
+        # node i = src[e] saw column x_j of pairwise[e]; node j = dst[e] saw row x_i
+        grad_pairwise[ar, :, safe[dst]] += g[src]
+        grad_pairwise[ar, safe[src], :] += g[dst]
+    return float(value), g, grad_pairwise
+
+
+def piecewise(edges, unary, pairwise, labels):
+    """Negative piecewise likelihood with one piece per node and per edge.
+
+    ``-( sum_i [theta_i(x_i) - logsumexp theta_i]
+        + sum_c [theta_c(x_c) - logsumexp theta_c] )``
+    (paper, Sec. "Piecewise Likelihood").  Node terms run over observed nodes,
+    edge terms over edges whose two ends are observed.  The gradient of every
+    piece is ``softmax(theta_piece) - indicator(x_piece)``.
+
+    Returns
+    -------
+    value : float
+    grad_unary : (n, K) ndarray
+    grad_pairwise : (E, K, K) ndarray
+    """
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    unary = np.asarray(unary, dtype=np.float64)
+    pairwise = np.asarray(pairwise, dtype=np.float64)
+    n, k = unary.shape
+    n_edges = edges.shape[0]
+    labels, observed, safe = _labels_and_mask(labels)
+
+    node_value = unary[np.arange(n), safe] - logsumexp(unary, axis=1)
+    grad_unary = softmax(unary, axis=1)
+    grad_unary[np.arange(n), safe] -= 1.0
+    grad_unary *= observed[:, None]
+    value = -np.sum(node_value[observed])
+
+    grad_pairwise = np.zeros_like(pairwise)
+    if n_edges:
+        kept = _edge_mask(edges, observed)
+        flat = pairwise.reshape(n_edges, k * k)
+        cell = safe[edges[:, 0]] * k + safe[edges[:, 1]]
+        ar = np.arange(n_edges)
+        edge_value = flat[ar, cell] - logsumexp(flat, axis=1)
+        value -= np.sum(edge_value[kept])
+        g = softmax(flat, axis=1)
+        g[ar, cell] -= 1.0
+        g *= kept[:, None]
+        grad_pairwise = g.reshape(n_edges, k, k)
+    return float(value), grad_unary, grad_pairwise
+
+
+# ---------------------------------------------------------------------------
+# scorer helpers
+# ---------------------------------------------------------------------------
+
+
+def hamming_error(unary_marginals, labels):
+    """MPM (argmax of the unary marginals) errors on the labelled nodes.
+
+    Returns
+    -------
+    n_errors : int
+        Labelled nodes whose argmax (first maximiser on ties) differs from the
+        label.
+    n_labelled : int
+        Number of nodes with ``labels >= 0``.
+    """
+    mu = np.asarray(unary_marginals)
+    labels = np.asarray(labels, dtype=np.int64)
+    observed = labels >= 0
+    predicted = np.argmax(mu, axis=1)
+    n_errors = int(np.count_nonzero(predicted[observed] != labels[observed]))
+    return n_errors, int(np.count_nonzero(observed))
