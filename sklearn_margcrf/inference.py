@@ -1,0 +1,180 @@
+"""Marginal inference: ``infer(edges, unary, pairwise, method=...)``.
+
+Chooses the kernel (``trw``, ``mean_field``, ``exact``) in Python and returns
+marginals with the log-partition estimate of the method (paper Sec.
+"Variational Inference"):
+
+- ``"trw"``: ``theta . mu + H~(mu)`` with the TRW entropy; an upper bound on
+  log Z at convergence when rho is valid (see :mod:`.edge_appearance`).
+- ``"lbp"``: loopy BP, TRW with rho = 1 (Bethe entropy; no bound).
+- ``"mean_field"``: ``theta . mu + sum_i H(mu_i)``, a lower bound on log Z.
+- ``"exact"``: log Z itself.
+
+With an integer ``n_iter`` the log-partition estimate is the paper's truncated
+partition function: the marginals after ``n_iter`` iterations put into the
+method's entropy (Sec. "Truncated Likelihood & Truncated EM").
+"""
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._graph import check_n_iter, check_positive, validate_model
+from .edge_appearance import RHO_RULES, edge_appearance_probabilities
+from .entropy import mean_field_entropy, trw_entropy
+
+__all__ = ["infer", "InferenceResult", "METHODS"]
+
+METHODS = ("trw", "lbp", "mean_field", "exact")
+
+
+@dataclass
+class InferenceResult:
+    """Marginals and log-partition estimate returned by :func:`infer`.
+
+    Attributes
+    ----------
+    unary : ndarray (n, K)
+        Unary marginals ``mu(x_i)``.
+    pairwise : ndarray (E, K, K)
+        Pairwise marginals ``mu(x_i, x_j)`` laid out like ``pairwise``.
+    log_partition : float
+        The method's estimate of log Z (see the module docstring).
+    n_iter : int
+        Iterations run (0 for exact inference).
+    converged : bool
+        Whether the convergence threshold was met (always True for exact, and
+        for a fixed ``n_iter`` whether the last iteration changed marginals by
+        less than ``tol`` is not checked: False unless ``n_iter`` is None).
+    rho : ndarray (E,) or None
+        Edge appearance probabilities used (TRW and LBP).
+    """
+
+    unary: np.ndarray
+    pairwise: np.ndarray
+    log_partition: float
+    n_iter: int
+    converged: bool
+    rho: np.ndarray = None
+
+
+def resolve_rho(rho, method, n_nodes, edges):
+    """Validate ``rho`` for ``method`` and return an (E,) float array (or None)."""
+    n_edges = edges.shape[0]
+    if method == "lbp":
+        if rho is not None:
+            raise ValueError("rho applies to method='trw' only; loopy BP ('lbp') uses rho = 1")
+        return np.ones(n_edges)
+    if method != "trw":
+        if rho is not None:
+            raise ValueError(f"rho applies to method='trw' only, not to method={method!r}")
+        return None
+    if rho is None:
+        rho = "auto"
+    if isinstance(rho, str):
+        if rho not in RHO_RULES:
+            raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}")
+        return edge_appearance_probabilities(n_nodes, edges, rho)
+    if isinstance(rho, numbers.Real) and not isinstance(rho, bool):
+        value = float(rho)
+        if not np.isfinite(value) or value <= 0:
+            raise ValueError(f"rho must be positive and finite, got {rho!r}")
+        return np.full(n_edges, value)
+    try:
+        array = np.asarray(rho, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}") from None
+    if array.shape != (n_edges,):
+        raise ValueError(f"rho must have one entry per edge, shape ({n_edges},), got shape {array.shape}")
+    if not np.all(np.isfinite(array)) or np.any(array <= 0):
+        raise ValueError("rho must be positive and finite for every edge (rho <= 0, NaN or inf found)")
+    return np.ascontiguousarray(array)
+
+
+def check_method(method):
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
+
+
+def check_iteration_controls(n_iter, tol, max_iter):
+    n_iter = check_n_iter(n_iter)
+    tol = check_positive(tol, "tol")
+    max_iter = check_n_iter(max_iter, "max_iter", allow_none=False)
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be at least 1, got {max_iter}")
+    return n_iter, tol, max_iter
+
+
+def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, keep_stack=False):
+    """Run a kernel on validated inputs; return (kernel state or None, InferenceResult).
+
+    The state is what the kernel's backward pass needs (None for exact).
+    """
+    if method == "exact":
+        if n_iter is not None:
+            raise ValueError("exact inference is not iterative: n_iter must be None for method='exact'")
+        from .exact import exact_inference
+
+        mu, mu2, log_z = exact_inference(edges, unary, pairwise)
+        return None, InferenceResult(mu, mu2, float(log_z), 0, True, None)
+    if method == "mean_field":
+        from .mean_field import mean_field_forward
+
+        state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, tol=tol, max_iter=max_iter, keep_stack=keep_stack)
+        entropy = mean_field_entropy(state.unary_marginals)
+    else:
+        from .trw import trw_forward
+
+        state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, tol=tol, max_iter=max_iter, keep_stack=keep_stack)
+        entropy = trw_entropy(edges, state.unary_marginals, state.pairwise_marginals, rho)
+    mu, mu2 = state.unary_marginals, state.pairwise_marginals
+    log_partition = float(np.sum(unary * mu) + np.sum(pairwise * mu2) + entropy)
+    result = InferenceResult(mu, mu2, log_partition, int(state.n_iter), bool(state.converged), rho)
+    return state, result
+
+
+def infer(edges, unary, pairwise, *, method="trw", n_iter=None, tol=1e-6, max_iter=1000, rho=None):
+    """Marginals and log-partition estimate of a pairwise model.
+
+    Parameters
+    ----------
+    edges : array-like of shape (E, 2)
+        Integer node pairs ``(i, j)``; nodes without edges are allowed.
+    unary : array-like of shape (n, K)
+        ``unary[i, a] = theta(x_i = a)``.
+    pairwise : array-like of shape (E, K, K)
+        ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for ``edges[e] = (i, j)``.
+    method : {"trw", "lbp", "mean_field", "exact"}, default="trw"
+        Tree-reweighted BP, loopy BP (TRW with rho = 1), mean field, or exact
+        inference (junction tree; forests of any size, loopy graphs of small
+        treewidth; a ValueError says why when the graph is too wide).
+    n_iter : int or None, default=None
+        ``None``: iterate until the largest change of any unary marginal in an
+        iteration is below ``tol`` or ``max_iter`` is reached. An integer k:
+        exactly k iterations from uniform messages (mean field: from the
+        softmax of ``unary``), whatever the change; ``n_iter=0`` gives the
+        softmax of ``unary``. Must be None for exact inference.
+    tol : float, default=1e-6
+        Convergence threshold on the change of unary marginals.
+    max_iter : int, default=1000
+        Iteration cap when ``n_iter`` is None.
+    rho : float, array of shape (E,), str or None, default=None
+        TRW edge appearance probabilities: one value for all edges, one per
+        edge, or a rule name ("auto", "uniform_spanning_tree",
+        "forest_cover"; see :mod:`sklearn_margcrf.edge_appearance`). None
+        means "auto", which is valid for any graph (TRW's log-partition is
+        then an upper bound) and exactly 1 on trees. Only for method="trw".
+
+    Returns
+    -------
+    InferenceResult
+        ``.unary`` (n, K), ``.pairwise`` (E, K, K), ``.log_partition``,
+        ``.n_iter``, ``.converged`` (and ``.rho`` for TRW / LBP).
+    """
+    method = check_method(method)
+    edges, unary, pairwise = validate_model(edges, unary, pairwise)
+    n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
+    rho = resolve_rho(rho, method, unary.shape[0], edges)
+    return run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter)[1]

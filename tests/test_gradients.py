@@ -1,0 +1,174 @@
+"""``loss_and_grad``: every (loss, inference, gradient mode) against finite differences."""
+
+import numpy as np
+import pytest
+from reference import brute_force, joint_scores, random_model
+
+from sklearn_margcrf import grid_edges, loss_and_grad
+from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, check_combination
+
+MARGINAL_AND_LIKELIHOOD = ["univariate_logistic", "clique_logistic", "univariate_quadratic", "smooth_classification", "surrogate_likelihood"]
+INFERENCES = ["trw", "lbp", "mean_field", "exact"]
+
+
+def valid(loss, inference, mode):
+    try:
+        check_combination(loss, inference, mode)
+    except ValueError:
+        return False
+    return True
+
+
+def make_problem(shape, seed, n_states=3):
+    rng = np.random.default_rng(seed)
+    edges = grid_edges(*shape)
+    n = shape[0] * shape[1]
+    unary, pairwise = random_model(edges, n, n_states, rng, scale=1.0)
+    labels = rng.integers(0, n_states, size=n)
+    labels[rng.integers(0, n)] = -1  # one hidden label
+    return edges, unary, pairwise, labels
+
+
+def finite_difference_gradient(f, unary, pairwise, eps):
+    theta = np.concatenate([unary.ravel(), pairwise.ravel()])
+    grad = np.empty_like(theta)
+    for k in range(theta.size):
+        up, down = theta.copy(), theta.copy()
+        up[k] += eps
+        down[k] -= eps
+        grad[k] = (f(up) - f(down)) / (2 * eps)
+    return grad
+
+
+def relative_error(a, b):
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12)
+
+
+CASES = [
+    (loss, inference, mode, sides)
+    for loss in MARGINAL_AND_LIKELIHOOD
+    for inference in INFERENCES
+    for mode in GRADIENT_MODES
+    for sides in ((1, 2, 4) if mode == "perturbation" else (2,))
+    if valid(loss, inference, mode)
+]
+TOLERANCE = {("perturbation", 1): 2e-2, ("perturbation", 2): 1e-3, ("perturbation", 4): 1e-4}
+
+
+@pytest.mark.parametrize("shape,seed", [((3, 3), 0), ((3, 4), 1)])
+@pytest.mark.parametrize("loss,inference,mode,sides", CASES)
+def test_gradient_matches_finite_differences(loss, inference, mode, sides, shape, seed):
+    edges, unary, pairwise, labels = make_problem(shape, seed)
+    converged = mode != "truncated"
+    kwargs = dict(loss=loss, inference=inference, gradient_mode=mode, n_iter=5, alpha=5.0, sides=sides, tol=1e-12, max_iter=100000)
+    if inference == "trw":
+        kwargs["rho"] = 0.5
+    value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
+    assert np.isfinite(value)
+
+    # The same function, differentiated numerically: truncated modes vary theta
+    # through n_iter iterations; the others through converged inference.
+    fd_kwargs = dict(kwargs, gradient_mode="truncated" if not converged else ("implicit" if inference == "exact" else "backprop"))
+    if inference == "mean_field" and converged:
+        fd_kwargs["gradient_mode"] = "backprop"
+    n_unary = unary.size
+
+    def f(theta):
+        return loss_and_grad(edges, theta[:n_unary].reshape(unary.shape), theta[n_unary:].reshape(pairwise.shape), labels, **fd_kwargs)[0]
+
+    numeric = finite_difference_gradient(f, unary, pairwise, eps=1e-5)
+    analytic = np.concatenate([grad_unary.ravel(), grad_pairwise.ravel()])
+    assert relative_error(analytic, numeric) <= TOLERANCE.get((mode, sides), 1e-6)
+
+
+@pytest.mark.parametrize("loss", ["pseudolikelihood", "piecewise"])
+def test_inference_free_losses_match_finite_differences(loss):
+    edges, unary, pairwise, labels = make_problem((3, 4), 2)
+    value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, loss=loss)
+    n_unary = unary.size
+
+    def f(theta):
+        return loss_and_grad(edges, theta[:n_unary].reshape(unary.shape), theta[n_unary:].reshape(pairwise.shape), labels, loss=loss)[0]
+
+    numeric = finite_difference_gradient(f, unary, pairwise, eps=1e-6)
+    assert relative_error(np.concatenate([gu.ravel(), gp.ravel()]), numeric) <= 1e-7
+
+
+@pytest.mark.parametrize("inference", ["trw", "lbp", "mean_field"])
+@pytest.mark.parametrize("loss", ["univariate_logistic", "univariate_quadratic", "smooth_classification"])
+def test_truncated_zero_iterations_is_the_independent_model(loss, inference):
+    edges, unary, pairwise, labels = make_problem((3, 3), 3)
+    value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, loss=loss, inference=inference, n_iter=0)
+    no_edges = np.zeros((0, 2), dtype=np.int64)
+    ind_value, ind_gu, ind_gp = loss_and_grad(no_edges, unary, np.zeros((0, 3, 3)), labels, loss=loss, inference=inference, n_iter=0)
+    assert value == pytest.approx(ind_value, rel=1e-12)
+    np.testing.assert_allclose(gu, ind_gu, atol=1e-12)
+    np.testing.assert_array_equal(gp, 0.0)
+    if loss == "univariate_logistic":  # logistic regression by hand
+        p = np.exp(unary - unary.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        seen = labels >= 0
+        assert value == pytest.approx(-np.log(p[seen, labels[seen]]).sum())
+        expected = p.copy()
+        expected[seen, labels[seen]] -= 1
+        expected[~seen] = 0
+        np.testing.assert_allclose(gu, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["implicit", "perturbation"])
+def test_exact_surrogate_likelihood_is_the_true_likelihood(mode):
+    edges, unary, pairwise, labels = make_problem((3, 3), 4, n_states=2)
+    labels[labels < 0] = 1
+    value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, loss="surrogate_likelihood", inference="exact", gradient_mode=mode)
+    mu, mu2, log_z = brute_force(edges, unary, pairwise)
+    score = unary[np.arange(9), labels].sum() + pairwise[np.arange(len(edges)), labels[edges[:, 0]], labels[edges[:, 1]]].sum()
+    assert value == pytest.approx(log_z - score, abs=1e-10)
+    f_unary = np.zeros_like(unary)
+    f_unary[np.arange(9), labels] = 1
+    f_pair = np.zeros_like(pairwise)
+    f_pair[np.arange(len(edges)), labels[edges[:, 0]], labels[edges[:, 1]]] = 1
+    np.testing.assert_allclose(gu, mu - f_unary, atol=1e-10)
+    np.testing.assert_allclose(gp, mu2 - f_pair, atol=1e-10)
+
+
+def test_exact_surrogate_em_is_the_true_marginal_likelihood():
+    edges, unary, pairwise, labels = make_problem((3, 3), 5, n_states=2)
+    labels[[0, 4]] = -1
+    value, _, _ = loss_and_grad(edges, unary, pairwise, labels, loss="surrogate_likelihood", inference="exact", gradient_mode="implicit")
+    scores, states = joint_scores(edges, unary, pairwise)
+    seen = labels >= 0
+    match = np.all(states[:, seen] == labels[seen], axis=1)
+    log_z = np.log(np.exp(scores).sum())
+    log_z_clamped = np.log(np.exp(scores[match]).sum())
+    assert value == pytest.approx(log_z - log_z_clamped, abs=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(loss="hinge"), "loss must be one of"),
+        (dict(inference="bp"), "inference must be one of"),
+        (dict(gradient_mode="autodiff"), "gradient_mode must be one of"),
+        (dict(gradient_mode="implicit", inference="mean_field"), "implicit"),
+        (dict(gradient_mode="truncated", inference="exact"), "exact"),
+        (dict(alpha=0.0), "alpha"),
+        (dict(alpha=-5.0), "alpha"),
+        (dict(sides=3, gradient_mode="perturbation"), "sides"),
+        (dict(multiplier=0.0, gradient_mode="perturbation"), "multiplier"),
+        (dict(labels=np.array([0, 2, 0])), r"labels must lie in \[-1, 1\]"),
+        (dict(labels=np.array([0, -2, 0])), "labels must lie"),
+        (dict(labels=np.array([0, 1])), "labels must have shape"),
+        (dict(n_iter=None), "integer n_iter"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    labels = kwargs.pop("labels", np.array([0, 1, -1]))
+    with pytest.raises(ValueError, match=match):
+        loss_and_grad([[0, 1], [1, 2]], np.zeros((3, 2)), np.zeros((2, 2, 2)), labels, **kwargs)
+
+
+def test_every_documented_loss_is_accepted():
+    edges, unary, pairwise, labels = make_problem((2, 2), 6, n_states=2)
+    for loss in LOSSES:
+        value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, loss=loss, n_iter=3)
+        assert np.isfinite(value) and gu.shape == unary.shape and gp.shape == pairwise.shape

@@ -1,0 +1,185 @@
+"""The public ``infer`` API: rho rules, bounds, consistency, stability, bad input."""
+
+import itertools
+
+import numpy as np
+import pytest
+from reference import brute_force, chain_edges, numeric_gradient, random_model, random_tree_edges
+
+from sklearn_margcrf import edge_appearance_probabilities, grid_edges, infer
+from sklearn_margcrf.entropy import mean_field_entropy, trw_entropy
+
+RNG = np.random.default_rng(0)
+
+
+def spanning_tree_edge_probabilities(n_nodes, edges):
+    """Brute force: fraction of spanning trees that contain each edge."""
+    counts = np.zeros(len(edges))
+    n_trees = 0
+    for subset in itertools.combinations(range(len(edges)), n_nodes - 1):
+        parent = list(range(n_nodes))
+
+        def find(v):
+            while parent[v] != v:
+                v = parent[v]
+            return v
+
+        acyclic = True
+        for e in subset:
+            a, b = find(edges[e][0]), find(edges[e][1])
+            if a == b:
+                acyclic = False
+                break
+            parent[a] = b
+        if acyclic:
+            n_trees += 1
+            counts[list(subset)] += 1
+    return counts / n_trees
+
+
+def is_dominated_by_spanning_tree_polytope(n_nodes, edges, rho):
+    """rho is in the forest polytope: sum over edges inside S <= |S| - 1 for all S."""
+    edges = np.asarray(edges)
+    for size in range(2, n_nodes + 1):
+        for subset in itertools.combinations(range(n_nodes), size):
+            inside = np.isin(edges[:, 0], subset) & np.isin(edges[:, 1], subset)
+            if rho[inside].sum() > size - 1 + 1e-9:
+                return False
+    return True
+
+
+@pytest.mark.parametrize("edges,n_nodes", [(grid_edges(3, 3), 9), (np.array([[0, 1], [1, 2], [2, 0], [2, 3], [3, 4], [4, 2], [0, 3]]), 5)])
+def test_uniform_spanning_tree_rule_matches_enumeration(edges, n_nodes):
+    rho = edge_appearance_probabilities(n_nodes, edges, "uniform_spanning_tree")
+    np.testing.assert_allclose(rho, spanning_tree_edge_probabilities(n_nodes, edges), atol=1e-10)
+    assert rho.sum() == pytest.approx(n_nodes - 1)
+
+
+def test_forest_cover_rule_is_valid_and_half_on_grids():
+    rho = edge_appearance_probabilities(200 * 300, grid_edges(200, 300), "forest_cover")
+    assert np.all(rho == 0.5)
+    for edges, n in [(grid_edges(3, 3), 9), (grid_edges(2, 4), 8), (np.array([[0, 1], [1, 2], [2, 0], [0, 3], [1, 3], [2, 3]]), 4)]:
+        rho = edge_appearance_probabilities(n, edges, "forest_cover")
+        assert is_dominated_by_spanning_tree_polytope(n, edges, rho)
+
+
+def test_default_rho_is_one_on_trees_and_forests():
+    edges = random_tree_edges(30, RNG)
+    for rule in ("auto", "uniform_spanning_tree", "forest_cover"):
+        assert np.all(edge_appearance_probabilities(30, edges, rule) == 1.0)
+    two_chains = np.concatenate([chain_edges(5), chain_edges(4) + 5])
+    assert np.all(edge_appearance_probabilities(9, two_chains, "auto") == 1.0)
+
+
+@pytest.mark.parametrize("n_states", [2, 3])
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_lbp_and_default_trw_are_exact_on_trees(kind, n_states):
+    n = 8
+    edges = chain_edges(n) if kind == "chain" else random_tree_edges(n, RNG)
+    unary, pairwise = random_model(edges, n, n_states, RNG, scale=1.5)
+    mu, mu2, log_z = brute_force(edges, unary, pairwise)
+    for method, rho in [("lbp", None), ("trw", None), ("trw", 1.0)]:
+        res = infer(edges, unary, pairwise, method=method, rho=rho, tol=1e-12)
+        assert res.converged
+        np.testing.assert_allclose(res.unary, mu, atol=1e-8)
+        np.testing.assert_allclose(res.pairwise, mu2, atol=1e-8)
+        assert res.log_partition == pytest.approx(log_z, abs=1e-8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bounds_and_local_consistency_on_loopy_grid(seed):
+    rng = np.random.default_rng(seed)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, 2 + seed % 2, rng, scale=1.0)
+    log_z = brute_force(edges, unary, pairwise)[2]
+    for rho in (None, "forest_cover", 0.5):
+        trw = infer(edges, unary, pairwise, method="trw", rho=rho, tol=1e-12, max_iter=5000)
+        assert trw.converged
+        assert trw.log_partition >= log_z - 1e-9
+        np.testing.assert_allclose(trw.pairwise.sum(axis=2), trw.unary[edges[:, 0]], atol=1e-8)
+        np.testing.assert_allclose(trw.pairwise.sum(axis=1), trw.unary[edges[:, 1]], atol=1e-8)
+    mf = infer(edges, unary, pairwise, method="mean_field", tol=1e-12)
+    assert mf.log_partition <= log_z + 1e-9
+    exact = infer(edges, unary, pairwise, method="exact")
+    assert exact.log_partition == pytest.approx(log_z, abs=1e-8)
+
+
+@pytest.mark.parametrize("method", ["trw", "lbp", "mean_field", "exact"])
+def test_n_iter_zero_is_softmax_and_stability(method):
+    edges = grid_edges(3, 4)
+    unary, pairwise = random_model(edges, 12, 3, RNG)
+    if method != "exact":
+        res = infer(edges, unary, pairwise, method=method, n_iter=0)
+        softmax = np.exp(unary - unary.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(res.unary, softmax / softmax.sum(axis=1, keepdims=True), atol=1e-12)
+    for n_states in (2, 5):
+        unary, pairwise = random_model(edges, 12, n_states, RNG, scale=1e3)
+        for n_iter in ([None, 5] if method != "exact" else [None]):
+            res = infer(edges, unary, pairwise, method=method, n_iter=n_iter)
+            assert np.all(np.isfinite(res.unary)) and np.all(np.isfinite(res.pairwise))
+            assert np.isfinite(res.log_partition)
+            np.testing.assert_allclose(res.unary.sum(axis=1), 1.0, atol=1e-9)
+            np.testing.assert_allclose(res.pairwise.sum(axis=(1, 2)), 1.0, atol=1e-9)
+
+
+def test_isolated_nodes_and_no_edges():
+    edges = np.array([[0, 1]])
+    unary, pairwise = random_model(edges, 4, 2, RNG)
+    mu, mu2, log_z = brute_force(edges, unary, pairwise)
+    for method in ("trw", "lbp", "mean_field", "exact"):
+        res = infer(edges, unary, pairwise, method=method, tol=1e-12)
+        np.testing.assert_allclose(res.unary[2:], mu[2:], atol=1e-10)
+        res = infer(np.zeros((0, 2), dtype=int), unary, np.zeros((0, 2, 2)), method=method)
+        assert res.log_partition == pytest.approx(np.log(np.exp(unary).sum(axis=1)).sum())
+
+
+def test_entropy_gradients_match_finite_differences():
+    edges = grid_edges(2, 3)
+    mu = RNG.uniform(0.1, 1.0, size=(6, 3))
+    mu2 = RNG.uniform(0.1, 1.0, size=(len(edges), 3, 3))
+    rho = RNG.uniform(0.2, 1.0, size=len(edges))
+    _, (g1, g2) = trw_entropy(edges, mu, mu2, rho, gradient=True)
+    np.testing.assert_allclose(g1, numeric_gradient(lambda m: trw_entropy(edges, m, mu2, rho), mu), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(g2, numeric_gradient(lambda m: trw_entropy(edges, mu, m, rho), mu2), rtol=1e-7, atol=1e-9)
+    _, g = mean_field_entropy(mu, gradient=True)
+    np.testing.assert_allclose(g, numeric_gradient(mean_field_entropy, mu), rtol=1e-7, atol=1e-9)
+
+
+def test_trw_entropy_is_exact_entropy_on_trees():
+    edges = random_tree_edges(6, RNG)
+    unary, pairwise = random_model(edges, 6, 2, RNG)
+    mu, mu2, log_z = brute_force(edges, unary, pairwise)
+    entropy = log_z - np.sum(unary * mu) - np.sum(pairwise * mu2)
+    assert trw_entropy(edges, mu, mu2, np.ones(len(edges))) == pytest.approx(entropy, abs=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(edges=[[0, 9]]), "node indices"),
+        (dict(edges=[[1, 1]]), "self-loop"),
+        (dict(edges=[[0, 1, 2]]), r"shape \(E, 2\)"),
+        (dict(unary=np.full((3, 2), np.nan)), "NaN"),
+        (dict(pairwise=np.full((1, 2, 2), np.inf)), "NaN or infinite"),
+        (dict(unary=np.zeros((3, 1)), pairwise=np.zeros((1, 1, 1))), "K = 2"),
+        (dict(pairwise=np.zeros((2, 2, 2))), "pairwise must have shape"),
+        (dict(unary=np.zeros(3)), "2-D"),
+        (dict(unary=np.zeros((0, 2)), edges=np.zeros((0, 2), int), pairwise=np.zeros((0, 2, 2))), "empty"),
+        (dict(method="bp"), "method must be one of"),
+        (dict(rho=0.0), "rho must be positive"),
+        (dict(rho=-1.0), "rho must be positive"),
+        (dict(rho=[0.5, 0.5]), "one entry per edge"),
+        (dict(rho="magic"), "rho must be"),
+        (dict(rho=0.5, method="mean_field"), "rho applies"),
+        (dict(n_iter=-1), "non-negative"),
+        (dict(n_iter=2.5), "n_iter"),
+        (dict(tol=0), "tol"),
+        (dict(method="exact", n_iter=3), "not iterative"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = dict(edges=[[0, 1]], unary=np.zeros((3, 2)), pairwise=np.zeros((1, 2, 2)))
+    args.update(kwargs)
+    edges, unary, pairwise = args.pop("edges"), args.pop("unary"), args.pop("pairwise")
+    with pytest.raises(ValueError, match=match):
+        infer(edges, unary, pairwise, **args)
