@@ -1,0 +1,895 @@
+"""MarginalCRF: the scikit-learn estimator (Domke 2013, Sec. "Experiments").
+
+A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
+
+* **parametrisation** (paper, Sec. "Setup" of the experiments): the unary and
+  pairwise parameters of image ``y`` are linear in its features,
+
+      theta_i  = F u(y, i)       F : (K, Fu)
+      theta_ij = G v(y, i, j)    G : (K, K, Fe)
+
+  and the chain rule gives ``dL/dF = sum_i dL/dtheta_i u_i^T`` and
+  ``dL/dG = sum_ij dL/dtheta_ij v_ij^T``;
+* **objective** (Sec. "Learning" and the Stanford experiment): the empirical
+  risk measured per labelled node plus a ridge penalty,
+
+      R(F, G) = (sum over images of L) / (number of labelled nodes)
+                + reg * (||F||^2 + ||G||^2),
+
+  minimised with L-BFGS (scipy), re-initialised when the line search meets a
+  bad search direction, as the paper does;
+* **a parallel map over images** (joblib): images are packed into one batch per
+  worker, the batches are sent once per fit (memory-mapped files for process
+  backends, scattered data for the Dask backend) and only the weights travel at
+  each L-BFGS iteration. Per-image results are summed in image order, so the
+  result does not depend on ``n_jobs`` or on the backend.
+"""
+
+import numbers
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.optimize
+from joblib import effective_n_jobs
+from joblib.parallel import get_active_backend
+from scipy.special import logsumexp
+from sklearn.base import BaseEstimator, _fit_context
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import ClassifierTags
+from sklearn.utils._param_validation import Interval, Options, StrOptions
+from sklearn.utils.parallel import Parallel, delayed
+from sklearn.utils.validation import check_is_fitted, check_random_state
+
+from ._graph import validate_edges
+from .edge_appearance import RHO_RULES
+from .gradients import INFERENCE_FREE_LOSSES, LOSSES, check_combination, loss_and_grad
+from .inference import infer
+from .sample import as_sample, labels_to_grid, marginals_to_image
+
+__all__ = ["MarginalCRF"]
+
+GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
+INFERENCE_CHOICES = ("trw", "lbp", "mean_field", "exact", "independent")
+
+
+# ---------------------------------------------------------------------------
+# Input validation (structured X: a list of samples)
+# ---------------------------------------------------------------------------
+
+
+def _as_features(value, name):
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array (rows x features), got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return array
+
+
+class _Sample:
+    """A validated sample: float64 features, int64 edges, and the original
+    sample (for its grid / image shape)."""
+
+    __slots__ = ("node_features", "edges", "edge_features", "sample")
+
+    def __init__(self, node_features, edges, edge_features, sample):
+        self.node_features = node_features
+        self.edges = edges
+        self.edge_features = edge_features
+        self.sample = sample
+
+    @property
+    def n_nodes(self):
+        return self.node_features.shape[0]
+
+    @property
+    def n_edges(self):
+        return self.edges.shape[0]
+
+
+def _check_X(X, n_node_features=None, n_edge_features=None):
+    """Validate a list of samples; return a list of :class:`_Sample`.
+
+    With ``n_node_features`` / ``n_edge_features`` given (predict), the feature
+    dimensions must match them; otherwise they must agree across samples.
+    Inputs are never modified (float64 contiguous inputs are not even copied).
+    """
+    if isinstance(X, np.ndarray) and X.dtype != object:
+        raise TypeError(
+            "X must be a list of samples (node_features, edges, edge_features) or CRFSample "
+            f"objects, got a numeric ndarray of shape {X.shape}"
+        )
+    if isinstance(X, (str, bytes)) or not hasattr(X, "__len__") or not hasattr(X, "__getitem__"):
+        raise TypeError(f"X must be a list of samples, got {type(X).__name__}")
+    if len(X) == 0:
+        raise ValueError("X is empty: need at least one sample")
+    samples = []
+    for k in range(len(X)):
+        sample = as_sample(X[k])
+        nf, edges, ef = sample
+        nf = _as_features(nf, f"X[{k}] node_features")
+        n_nodes = nf.shape[0]
+        if n_nodes == 0:
+            raise ValueError(f"X[{k}] has no nodes (node_features of shape {nf.shape})")
+        try:
+            edges = validate_edges(edges, n_nodes)
+        except ValueError as exc:
+            raise ValueError(f"X[{k}]: {exc}") from None
+        n_edges = edges.shape[0]
+        if ef is None or (n_edges == 0 and np.size(ef) == 0):
+            width = n_edge_features if n_edge_features is not None else (
+                np.shape(ef)[1] if ef is not None and np.ndim(ef) == 2 else 0
+            )
+            ef = np.zeros((0, width))
+        else:
+            ef = _as_features(ef, f"X[{k}] edge_features")
+        if ef.shape[0] != n_edges:
+            raise ValueError(
+                f"X[{k}] has {n_edges} edges but edge_features has {ef.shape[0]} rows "
+                "(one row of features per edge expected)"
+            )
+        samples.append(_Sample(nf, edges, ef, sample))
+
+    if n_node_features is None:
+        n_node_features = samples[0].node_features.shape[1]
+        n_edge_features = next((s.edge_features.shape[1] for s in samples if s.n_edges), samples[0].edge_features.shape[1])
+        where = "X[0]"
+    else:
+        where = "fit"
+    for k, s in enumerate(samples):
+        if s.node_features.shape[1] != n_node_features:
+            raise ValueError(
+                f"X[{k}] has {s.node_features.shape[1]} node features but {where} had "
+                f"{n_node_features}: every sample must have the same node features"
+            )
+        if s.n_edges and s.edge_features.shape[1] != n_edge_features:
+            raise ValueError(
+                f"X[{k}] has {s.edge_features.shape[1]} edge features but {where} had "
+                f"{n_edge_features}: every sample must have the same edge features"
+            )
+        if not s.n_edges and s.edge_features.shape[1] != n_edge_features:
+            s.edge_features = np.zeros((0, n_edge_features))
+    return samples, n_node_features, n_edge_features
+
+
+def _check_y(y, samples, n_states=None):
+    """Validate labels; return a list of flat int64 label arrays (one per
+    sample, -1 = unlabelled) and the number of states."""
+    if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
+        raise TypeError(f"y must be a list of label arrays (one per sample), got {type(y).__name__}")
+    if len(y) != len(samples):
+        raise ValueError(
+            f"X and y have different lengths: X has {len(samples)} samples but y has {len(y)} label arrays"
+        )
+    labels = []
+    for k, (s, lab) in enumerate(zip(samples, y)):
+        lab = np.asarray(lab)
+        if lab.dtype == bool:
+            lab = lab.astype(np.int64)
+        if not np.issubdtype(lab.dtype, np.integer):
+            if not (np.issubdtype(lab.dtype, np.floating) and np.all(np.isfinite(lab)) and np.all(lab == np.round(lab))):
+                raise ValueError(f"y[{k}] must hold integer labels (-1 = unlabelled), got dtype {lab.dtype}")
+        try:
+            flat = labels_to_grid(lab, s.sample)
+        except ValueError as exc:
+            raise ValueError(f"y[{k}]: label count does not match the node count: {exc}") from None
+        flat = np.asarray(flat, dtype=np.int64)
+        if flat.size and flat.min() < -1:
+            raise ValueError(f"y[{k}] has label {flat.min()}: labels must be >= 0, or -1 for an unlabelled node")
+        labels.append(flat)
+    max_label = max((int(f.max()) for f in labels if f.size), default=-1)
+    if n_states is None:
+        n_states = max(max_label + 1, 2)
+    elif max_label >= n_states:
+        k = next(k for k, f in enumerate(labels) if f.size and f.max() == max_label)
+        raise ValueError(
+            f"y[{k}] has label {max_label} but n_states={n_states}: labels must lie in "
+            f"[0, {n_states - 1}] (-1 = unlabelled)"
+        )
+    return labels, n_states
+
+
+# ---------------------------------------------------------------------------
+# Batches of images, packed for the workers
+# ---------------------------------------------------------------------------
+
+
+def _balanced_chunks(costs, n_chunks):
+    """Split image indices into at most ``n_chunks`` groups of similar total cost
+    (longest processing time first); each group is returned in image order."""
+    n_chunks = max(1, min(int(n_chunks), len(costs)))
+    loads = [0.0] * n_chunks
+    groups = [[] for _ in range(n_chunks)]
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        target = min(range(n_chunks), key=lambda c: (loads[c], c))
+        loads[target] += costs[index]
+        groups[target].append(index)
+    return [sorted(g) for g in groups if g]
+
+
+def _pack(samples, labels, indices):
+    """Concatenate the images ``indices`` into one dict of arrays."""
+    node_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
+    edge_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
+    node_ptr[1:] = np.cumsum([samples[i].n_nodes for i in indices])
+    edge_ptr[1:] = np.cumsum([samples[i].n_edges for i in indices])
+    return {
+        "index": np.asarray(indices, dtype=np.int64),
+        "node_ptr": node_ptr,
+        "edge_ptr": edge_ptr,
+        "node_features": np.concatenate([samples[i].node_features for i in indices]),
+        "edges": np.concatenate([samples[i].edges for i in indices]).reshape(-1, 2),
+        "edge_features": np.concatenate([samples[i].edge_features for i in indices]),
+        "labels": np.concatenate([labels[i] for i in indices]) if labels is not None else None,
+    }
+
+
+def _chunk_images(chunk):
+    """Yield (node_features, edges, edge_features, labels) views of each image."""
+    node_ptr, edge_ptr = chunk["node_ptr"], chunk["edge_ptr"]
+    for b in range(len(chunk["index"])):
+        n0, n1 = node_ptr[b], node_ptr[b + 1]
+        e0, e1 = edge_ptr[b], edge_ptr[b + 1]
+        labels = chunk["labels"][n0:n1] if chunk["labels"] is not None else None
+        yield chunk["node_features"][n0:n1], chunk["edges"][e0:e1], chunk["edge_features"][e0:e1], labels
+
+
+def _theta(node_features, edge_features, unary_coef, pairwise_coef):
+    """theta_i = F u_i (n, K) and theta_ij = G v_ij (E, K, K)."""
+    n_states = unary_coef.shape[0]
+    unary = node_features @ unary_coef.T
+    pairwise = (edge_features @ pairwise_coef.reshape(n_states * n_states, -1).T).reshape(-1, n_states, n_states)
+    return np.ascontiguousarray(unary), np.ascontiguousarray(pairwise)
+
+
+def _empty_model(n_states):
+    return np.zeros((0, 2), dtype=np.int64), np.zeros((0, n_states, n_states))
+
+
+def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
+    """Loss and weight gradients of every image of a batch (worker side).
+
+    Returns ``(per_image, kernel_seconds)`` with ``per_image`` a list of
+    ``(value, dL/dF, dL/dG)`` in the batch's image order.
+    """
+    n_states = unary_coef.shape[0]
+    independent = config["inference"] == "independent"
+    kwargs = {k: config[k] for k in ("loss", "n_iter", "tol", "max_iter", "alpha", "sides", "multiplier")}
+    if independent:
+        # No pairwise terms: any iterative method is exact; one iteration
+        # from uniform messages gives softmax(theta).
+        kwargs.update(inference="trw", gradient_mode="truncated", n_iter=1, rho=None)
+    else:
+        kwargs.update(inference=config["inference"], gradient_mode=config["gradient_mode"], rho=config["rho"])
+    out = []
+    kernel = 0.0
+    for node_features, edges, edge_features, labels in _chunk_images(chunk):
+        unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
+        if independent:
+            edges, pairwise = _empty_model(n_states)
+        elif not edges.flags.writeable:
+            # Memory-mapped batch: the kernels accept read-only arrays, but numba
+            # compiles them as a separate signature; a copy of the (small) edge
+            # list keeps one compiled version per kernel.
+            edges = np.array(edges)
+        start = time.perf_counter()
+        value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
+        kernel += time.perf_counter() - start
+        grad_f = grad_unary.T @ node_features
+        if independent:
+            grad_g = np.zeros_like(pairwise_coef)
+        else:
+            grad_g = (grad_pairwise.reshape(-1, n_states * n_states).T @ edge_features).reshape(pairwise_coef.shape)
+        out.append((float(value), grad_f, grad_g))
+    return out, kernel
+
+
+def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
+    """Unary marginals (n, K) of every image of a batch (worker side)."""
+    out = []
+    for node_features, edges, edge_features, _ in _chunk_images(chunk):
+        unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
+        if config["inference"] == "independent" or edges.shape[0] == 0:
+            mu = np.exp(unary - logsumexp(unary, axis=1, keepdims=True))
+        else:
+            if not edges.flags.writeable:
+                edges = np.array(edges)
+            result = infer(
+                edges, unary, pairwise, method=config["inference"], n_iter=config["n_iter"],
+                tol=config["tol"], max_iter=config["max_iter"], rho=config["rho"],
+            )
+            mu = result.unary
+        out.append(mu)
+    return out
+
+
+def _shared_memory_dir():
+    folder = "/dev/shm"
+    if os.path.isdir(folder) and os.access(folder, os.W_OK):
+        return folder
+    return None
+
+
+class _ParallelMap:
+    """Apply a function to fixed batches of images many times (once per
+    L-BFGS iteration), sending the batches once.
+
+    * one batch: run in-process, no joblib machinery;
+    * process backends (loky, multiprocessing): the batch arrays are written
+      once to memory-mapped files; joblib then passes them to the workers by
+      reference (file name and offset) instead of pickling them;
+    * Dask backend: the batches are scattered to the cluster once and the
+      tasks refer to them by future;
+    * the ``Parallel`` instance stays open across calls, so loky reuses its
+      workers.
+
+    Use as a context manager; it removes its temporary files on exit.
+    """
+
+    def __init__(self, chunks, n_jobs, verbose=0):
+        self.chunks = chunks
+        self.indices = [chunk["index"].tolist() for chunk in chunks]
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self._folder = None
+        self._parallel = None
+        self._futures = None
+
+    def __enter__(self):
+        if len(self.chunks) == 1:
+            return self
+        backend, _ = get_active_backend()
+        backend_name = type(backend).__name__
+        self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
+        self._parallel.__enter__()
+        if backend_name in ("LokyBackend", "MultiprocessingBackend"):
+            self._folder = tempfile.mkdtemp(prefix="margcrf_", dir=_shared_memory_dir())
+            self.chunks = [self._memmap(chunk, c) for c, chunk in enumerate(self.chunks)]
+        elif backend_name == "DaskDistributedBackend":
+            self._futures = backend.client.scatter(list(self.chunks), hash=False)
+        return self
+
+    def _memmap(self, chunk, c):
+        out = {}
+        for key, array in chunk.items():
+            if array is None or array.nbytes < 4096:
+                out[key] = array
+                continue
+            path = os.path.join(self._folder, f"chunk{c}_{key}.npy")
+            np.save(path, array)
+            out[key] = np.load(path, mmap_mode="r")
+        return out
+
+    def __call__(self, func, *args):
+        if self._parallel is None:
+            return [func(chunk, *args) for chunk in self.chunks]
+        data = self._futures if self._futures is not None else self.chunks
+        return self._parallel(delayed(func)(chunk, *args) for chunk in data)
+
+    def __exit__(self, *exc):
+        if self._parallel is not None:
+            self._parallel.__exit__(*exc)
+        if self._futures is not None:
+            for future in self._futures:
+                future.release()
+            self._futures = None
+        self.chunks = None
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        return False
+
+
+# ---------------------------------------------------------------------------
+# The estimator
+# ---------------------------------------------------------------------------
+
+
+class MarginalCRF(BaseEstimator):
+    """Conditional random field learned with a marginal-based loss under
+    approximate inference (Domke, "Learning Graphical Model Parameters with
+    Approximate Marginal Inference", TPAMI 2013).
+
+    Each sample is a pairwise graph with features on its nodes and edges; the
+    parameters are linear in the features (``theta_i = F u_i``,
+    ``theta_ij = G v_ij``), and ``F``, ``G`` minimise the mean loss per
+    labelled node plus ``reg * (||F||^2 + ||G||^2)`` with L-BFGS.
+
+    Parameters
+    ----------
+    loss : {"univariate_logistic", "clique_logistic", "univariate_quadratic", \
+            "smooth_classification", "surrogate_likelihood", "pseudolikelihood", \
+            "piecewise"}, default="univariate_logistic"
+        Training loss (paper, Sec. "Loss Functions"). ``"surrogate_likelihood"``
+        is surrogate EM when some labels are hidden. ``"pseudolikelihood"`` and
+        ``"piecewise"`` need no inference in training (``inference`` then
+        only serves prediction and ``gradient_mode`` is ignored).
+    inference : {"trw", "lbp", "mean_field", "exact", "independent"}, default="trw"
+        Marginal inference used in training and prediction. ``"independent"``
+        is the paper's independent model: logistic regression on the unary
+        features, no pairwise weights (``pairwise_coef_`` stays zero).
+    gradient_mode : {"truncated", "backprop", "perturbation", "implicit"}, default="truncated"
+        How ``dL/dtheta`` is computed (Sec. "Truncated Fitting", "Perturbation",
+        "Implicit Fitting"; ``"backprop"`` is back TRW / back mean field run to
+        convergence). Not every combination applies: ``"implicit"`` with
+        ``"mean_field"``, and ``"truncated"`` / ``"backprop"`` with
+        ``"exact"`` raise ValueError in ``fit``.
+    n_iter : int, default=20
+        Inference iterations of truncated fitting; prediction then also runs
+        exactly ``n_iter`` iterations (the model was fit for them).
+    tol : float, default=1e-4
+        Convergence threshold of inference for the other gradient modes and
+        for prediction after them (the paper's threshold of 1e-4).
+    rho : float, {"auto", "uniform_spanning_tree", "forest_cover"} or None, default=None
+        TRW edge appearance probabilities (None: the inference default). Used
+        by ``inference="trw"`` only and ignored by the other methods, so that
+        a grid search over ``inference`` can share it.
+    alpha : float, default=15.0
+        Slope of the smoothed classification loss (the paper uses 5, 15, 50).
+    reg : float, default=1e-3
+        Ridge penalty on all weights, relative to the mean loss per labelled
+        node (the paper's ``lambda``).
+    max_iter : int, default=200
+        Maximum number of L-BFGS iterations of the fit (over all restarts; the
+        initialising fits get as many again).
+    n_states : int or None, default=None
+        Number of labels K. None infers ``max(y) + 1`` (at least 2); give it in
+        cross-validation, where a fold may lack a label.
+    init : {"independent", "zeros"}, default="independent"
+        Starting weights. ``"independent"`` first fits the independent model
+        (univariate logistic loss) and starts from its ``F`` with ``G = 0``;
+        for ``loss="smooth_classification"`` a surrogate-likelihood fit from
+        there is the start (as in the paper).
+    n_jobs : int or None, default=None
+        Number of joblib workers for the per-image losses and gradients (and
+        for prediction). Images are batched per worker. The active joblib
+        backend is honoured, e.g. ``with joblib.parallel_config(backend="dask")``.
+    verbose : int, default=0
+        ``> 0``: print the objective, gradient norm and elapsed time at every
+        L-BFGS iteration; ``> 2`` also joblib's progress messages.
+    warm_start : bool, default=False
+        Start from the weights of the previous fit (when their shapes match)
+        instead of ``init``.
+    random_state : int, RandomState instance or None, default=None
+        Accepted for API compatibility; the fit is deterministic and does not
+        draw random numbers.
+    sides : {1, 2, 4}, default=2
+        Finite differences of the perturbation gradient mode.
+    multiplier : float, default=1.0
+        Step multiplier of the perturbation gradient mode.
+    inference_max_iter : int, default=1000
+        Iteration cap of inference run to ``tol``.
+    lbfgs_tol : float, default=1e-6
+        L-BFGS stops when the largest gradient entry is below this (scipy's
+        ``gtol``).
+    max_restarts : int, default=5
+        How many times L-BFGS is restarted after an abnormal line search (a
+        bad search direction, common with approximate gradients).
+
+    Attributes
+    ----------
+    unary_coef_ : ndarray of shape (n_states, n_node_features)
+        ``F``.
+    pairwise_coef_ : ndarray of shape (n_states, n_states, n_edge_features)
+        ``G``; ``G[a, b, f]`` weighs feature ``f`` of edge (i, j) for
+        ``x_i = a, x_j = b``.
+    n_states_ : int
+    classes_ : ndarray of shape (n_states,)
+        ``arange(n_states_)``.
+    n_node_features_, n_edge_features_ : int
+    n_iter_ : int
+        L-BFGS iterations of the final fit (over its restarts).
+    n_restarts_ : int
+        L-BFGS restarts of the final fit.
+    loss_curve_ : list of float
+        Objective after each L-BFGS iteration of the final fit.
+    fit_time_ : float
+        Wall-clock seconds of ``fit`` (including the initialising fits).
+    kernel_time_ : float
+        Seconds spent inside ``loss_and_grad``, summed over workers.
+
+    Notes
+    -----
+    ``X`` is a list of samples: ``(node_features (n, Fu), edges (E, 2),
+    edge_features (E, Fe))`` triples or :class:`~sklearn_margcrf.CRFSample`
+    objects (which may carry a grid and an image shape). ``y`` is a list of
+    integer label arrays, one label per node ((n,), the sample's grid shape,
+    or its image shape), -1 marking an unlabelled node.
+    """
+
+    _parameter_constraints: dict = {
+        "loss": [StrOptions(set(LOSSES))],
+        "inference": [StrOptions(set(INFERENCE_CHOICES))],
+        "gradient_mode": [StrOptions(set(GRADIENT_MODES))],
+        "n_iter": [Interval(Integral, 0, None, closed="left")],
+        "tol": [Interval(Real, 0, None, closed="neither")],
+        "rho": [None, Interval(Real, 0, None, closed="neither"), StrOptions(set(RHO_RULES))],
+        "alpha": [Interval(Real, 0, None, closed="neither")],
+        "reg": [Interval(Real, 0, None, closed="left")],
+        "max_iter": [Interval(Integral, 0, None, closed="left")],
+        "n_states": [None, Interval(Integral, 2, None, closed="left")],
+        "init": [StrOptions({"independent", "zeros"})],
+        "n_jobs": [None, Integral],
+        "verbose": ["verbose"],
+        "warm_start": ["boolean"],
+        "random_state": ["random_state"],
+        "sides": [Options(Integral, {1, 2, 4})],
+        "multiplier": [Interval(Real, 0, None, closed="neither")],
+        "inference_max_iter": [Interval(Integral, 1, None, closed="left")],
+        "lbfgs_tol": [Interval(Real, 0, None, closed="left")],
+        "max_restarts": [Interval(Integral, 0, None, closed="left")],
+    }
+
+    def __init__(
+        self,
+        *,
+        loss="univariate_logistic",
+        inference="trw",
+        gradient_mode="truncated",
+        n_iter=20,
+        tol=1e-4,
+        rho=None,
+        alpha=15.0,
+        reg=1e-3,
+        max_iter=200,
+        n_states=None,
+        init="independent",
+        n_jobs=None,
+        verbose=0,
+        warm_start=False,
+        random_state=None,
+        sides=2,
+        multiplier=1.0,
+        inference_max_iter=1000,
+        lbfgs_tol=1e-6,
+        max_restarts=5,
+    ):
+        self.loss = loss
+        self.inference = inference
+        self.gradient_mode = gradient_mode
+        self.n_iter = n_iter
+        self.tol = tol
+        self.rho = rho
+        self.alpha = alpha
+        self.reg = reg
+        self.max_iter = max_iter
+        self.n_states = n_states
+        self.init = init
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.random_state = random_state
+        self.sides = sides
+        self.multiplier = multiplier
+        self.inference_max_iter = inference_max_iter
+        self.lbfgs_tol = lbfgs_tol
+        self.max_restarts = max_restarts
+
+    # -- scikit-learn plumbing ------------------------------------------------
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.estimator_type = "classifier"
+        tags.classifier_tags = ClassifierTags(multi_class=True, multi_label=False)
+        tags.target_tags.required = True
+        tags.target_tags.single_output = False
+        tags.input_tags.two_d_array = False
+        tags.input_tags.allow_nan = False
+        tags.non_deterministic = False
+        return tags
+
+    # -- configuration ----------------------------------------------------------
+
+    def _check_combination(self, loss, inference):
+        """ValueError for a combination that does not apply, before any work."""
+        if inference == "independent":
+            check_combination(loss, "trw", "truncated")
+            return
+        try:
+            check_combination(loss, inference, self.gradient_mode)
+        except ValueError as exc:
+            raise ValueError(
+                f"unsupported combination loss={loss!r}, inference={inference!r}, "
+                f"gradient_mode={self.gradient_mode!r}: {exc}"
+            ) from None
+
+    def _config(self, loss, inference, n_states):
+        return {
+            "loss": loss,
+            "inference": inference,
+            "gradient_mode": self.gradient_mode,
+            "n_iter": int(self.n_iter),
+            "tol": float(self.tol),
+            "max_iter": int(self.inference_max_iter),
+            "rho": self.rho if inference == "trw" else None,
+            "alpha": float(self.alpha),
+            "sides": int(self.sides),
+            "multiplier": float(self.multiplier),
+            "n_states": n_states,
+        }
+
+    def _predict_config(self):
+        inference = self.inference
+        truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES
+        return {
+            "inference": inference,
+            "n_iter": int(self.n_iter) if truncated and inference != "exact" else None,
+            "tol": float(self.tol),
+            "max_iter": int(self.inference_max_iter),
+            "rho": self.rho if inference == "trw" else None,
+        }
+
+    def _n_chunks(self, n_samples):
+        try:
+            n_workers = effective_n_jobs(self.n_jobs)
+        except Exception:  # a backend that cannot tell: one batch per image
+            n_workers = n_samples
+        return max(1, min(int(n_workers), n_samples))
+
+    def _log(self, message):
+        if self.verbose > 0:
+            print(f"[MarginalCRF] {message}", flush=True)
+
+    # -- fitting ------------------------------------------------------------------
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y):
+        """Fit ``F`` and ``G`` by L-BFGS on the mean loss per labelled node.
+
+        Parameters
+        ----------
+        X : list of samples
+            ``(node_features, edges, edge_features)`` triples or ``CRFSample``.
+        y : list of int arrays
+            One label per node ((n,), grid or image shape), -1 = unlabelled.
+
+        Returns
+        -------
+        self
+        """
+        start = time.perf_counter()
+        self._check_combination(self.loss, self.inference)
+        check_random_state(self.random_state)
+        samples, n_node_features, n_edge_features = _check_X(X)
+        labels, n_states = _check_y(y, samples, self.n_states)
+        n_labelled = int(sum(np.count_nonzero(lab >= 0) for lab in labels))
+        if n_labelled == 0:
+            raise ValueError("y has no labelled node (every label is -1): nothing to learn from")
+
+        shape_f = (n_states, n_node_features)
+        shape_g = (n_states, n_states, n_edge_features)
+        warm = (
+            self.warm_start
+            and hasattr(self, "unary_coef_")
+            and self.unary_coef_.shape == shape_f
+            and self.pairwise_coef_.shape == shape_g
+        )
+        if self.warm_start and hasattr(self, "unary_coef_") and not warm:
+            warnings.warn(
+                "warm_start=True but the previous weights have shapes "
+                f"{self.unary_coef_.shape}, {self.pairwise_coef_.shape} instead of {shape_f}, {shape_g}: "
+                f"starting from init={self.init!r}",
+                UserWarning,
+            )
+
+        self._kernel_time = 0.0
+        self._fit_start = start
+        if warm:
+            unary_coef = self.unary_coef_.copy()
+            pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
+        else:
+            unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
+
+        costs = [s.n_nodes + s.n_edges for s in samples]
+        groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
+        chunks = [_pack(samples, labels, g) for g in groups]
+        fast_logistic = None
+        if not warm and self.init == "independent":
+            if not (self.inference == "independent" and self.loss == "univariate_logistic"):
+                self._log("init: fitting the independent model (univariate logistic)")
+                fast_logistic = _LogisticData(samples, labels)
+                unary_coef, _ = self._minimize(
+                    lambda w: fast_logistic.loss_grad(w, shape_f, n_labelled, self.reg),
+                    unary_coef.ravel(), "independent",
+                )
+                unary_coef = unary_coef.reshape(shape_f)
+
+        with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
+            if (
+                not warm
+                and self.init == "independent"
+                and self.loss == "smooth_classification"
+                and self.inference != "independent"
+            ):
+                self._log("init: fitting surrogate likelihood")
+                config = self._config("surrogate_likelihood", self.inference, n_states)
+                (unary_coef, pairwise_coef), _ = self._fit_weights(
+                    pmap, config, unary_coef, pairwise_coef, len(samples), n_labelled, "surrogate_likelihood"
+                )
+            config = self._config(self.loss, self.inference, n_states)
+            if self.inference == "independent" and self.loss == "univariate_logistic":
+                data = fast_logistic if fast_logistic is not None else _LogisticData(samples, labels)
+                w, info = self._minimize(
+                    lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg), unary_coef.ravel(), "fit"
+                )
+                unary_coef, pairwise_coef = w.reshape(shape_f), np.zeros(shape_g)
+            else:
+                (unary_coef, pairwise_coef), info = self._fit_weights(
+                    pmap, config, unary_coef, pairwise_coef, len(samples), n_labelled, "fit"
+                )
+
+        self.unary_coef_ = unary_coef
+        self.pairwise_coef_ = pairwise_coef
+        self.n_states_ = n_states
+        self.classes_ = np.arange(n_states)
+        self.n_node_features_ = n_node_features
+        self.n_edge_features_ = n_edge_features
+        self.n_iter_ = info["n_iter"]
+        self.n_restarts_ = info["n_restarts"]
+        self.loss_curve_ = info["loss_curve"]
+        self.kernel_time_ = self._kernel_time
+        self.fit_time_ = time.perf_counter() - start
+        del self._kernel_time, self._fit_start
+        return self
+
+    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_samples, n_labelled, stage):
+        """Minimise the objective of ``config`` over (F, G) from the given start."""
+        shape_f, shape_g = unary_coef.shape, pairwise_coef.shape
+        size_f = unary_coef.size
+        independent = config["inference"] == "independent"
+        reg = float(self.reg)
+
+        def objective(w):
+            F = w[:size_f].reshape(shape_f)
+            G = w[size_f:].reshape(shape_g) if not independent else np.zeros(shape_g)
+            results = pmap(_chunk_loss_grad, F, G, config)
+            per_image = [None] * n_samples
+            for (batch, seconds), index in zip(results, pmap.indices):
+                self._kernel_time += seconds
+                for k, item in zip(index, batch):
+                    per_image[k] = item
+            value = 0.0
+            grad_f = np.zeros(shape_f)
+            grad_g = np.zeros(shape_g)
+            for v, gf, gg in per_image:  # fixed (image) order: n_jobs-invariant
+                value += v
+                grad_f += gf
+                grad_g += gg
+            value = value / n_labelled + reg * float(w @ w)
+            grad = np.concatenate([grad_f.ravel(), grad_g.ravel()]) if not independent else grad_f.ravel()
+            grad = grad / n_labelled + 2.0 * reg * w
+            return value, grad
+
+        w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
+        w, info = self._minimize(objective, w0, stage)
+        F = w[:size_f].reshape(shape_f).copy()
+        G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
+        return (F, G), info
+
+    def _minimize(self, objective, w0, stage):
+        """L-BFGS-B with restarts after an abnormal line search."""
+        max_iter = int(self.max_iter)
+        last = {"x": None, "f": np.nan, "g": None}
+        curve = []
+
+        def fun(w):
+            f, g = objective(w)
+            last.update(x=w.copy(), f=f, g=g)
+            return f, g
+
+        def callback(intermediate_result):
+            f = float(intermediate_result.fun)
+            curve.append(f)
+            if self.verbose > 0:
+                g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
+                gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
+                elapsed = time.perf_counter() - self._fit_start
+                self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {elapsed:.2f}s")
+
+        w = np.asarray(w0, dtype=np.float64).copy()
+        n_iter = 0
+        n_restarts = 0
+        result = None
+        while n_iter < max_iter:
+            f_start = last["f"] if last["x"] is not None and np.array_equal(last["x"], w) else None
+            result = scipy.optimize.minimize(
+                fun, w, jac=True, method="L-BFGS-B", callback=callback,
+                options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
+            )
+            n_iter += int(result.nit)
+            improved = f_start is None or (np.isfinite(result.fun) and result.fun < f_start)
+            if np.all(np.isfinite(result.x)):
+                w = result.x
+            if result.status == 2 and n_iter < max_iter and n_restarts < self.max_restarts and improved and result.nit > 0:
+                n_restarts += 1
+                self._log(f"{stage}: L-BFGS stopped ({result.message}); restart {n_restarts}")
+                continue
+            break
+        if result is not None and result.status != 0:
+            if n_iter >= max_iter:
+                message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
+            else:
+                message = f"L-BFGS stopped early ({stage}): {result.message}"
+            warnings.warn(message, ConvergenceWarning)
+        if not np.all(np.isfinite(w)):
+            raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
+        return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve}
+
+    # -- prediction -----------------------------------------------------------------
+
+    def _node_marginals(self, X):
+        """Validated samples and their (n, K) unary marginals."""
+        check_is_fitted(self)
+        samples, _, _ = _check_X(X, self.n_node_features_, self.n_edge_features_)
+        costs = [s.n_nodes + s.n_edges for s in samples]
+        groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
+        chunks = [_pack(samples, None, g) for g in groups]
+        marginals = [None] * len(samples)
+        with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
+            results = pmap(_chunk_marginals, self.unary_coef_, self.pairwise_coef_, self._predict_config())
+            for group, batch in zip(pmap.indices, results):
+                for k, mu in zip(group, batch):
+                    marginals[k] = mu
+        return samples, marginals
+
+    def predict_proba(self, X):
+        """Marginals of every sample: (n, K), (H, W, K) on a grid, or upsampled to
+        the image size when the sample carries one.
+
+        Returns
+        -------
+        list of ndarray
+        """
+        samples, marginals = self._node_marginals(X)
+        return [marginals_to_image(mu, s.sample) for s, mu in zip(samples, marginals)]
+
+    def predict(self, X):
+        """Maximum posterior marginal labels, shaped like each sample.
+
+        Returns
+        -------
+        list of int ndarray
+            (n,), (H, W) or the image shape.
+        """
+        return [np.argmax(p, axis=-1).astype(np.int64) for p in self.predict_proba(X)]
+
+    def score(self, X, y):
+        """1 - Hamming error over the labelled nodes of all samples."""
+        from .metrics import hamming_error_from_marginals
+
+        samples, marginals = self._node_marginals(X)
+        labels, _ = _check_y(y, samples, self.n_states_)
+        return 1.0 - hamming_error_from_marginals(labels, marginals)
+
+
+class _LogisticData:
+    """The labelled nodes of every image, stacked, for the independent model
+    with the univariate logistic loss (multinomial logistic regression on the
+    unary features, computed in-process)."""
+
+    def __init__(self, samples, labels):
+        features, targets = [], []
+        for s, lab in zip(samples, labels):
+            observed = lab >= 0
+            features.append(s.node_features[observed])
+            targets.append(lab[observed])
+        self.features = np.concatenate(features)
+        self.targets = np.concatenate(targets)
+
+    def loss_grad(self, w, shape_f, n_labelled, reg):
+        F = w.reshape(shape_f)
+        theta = self.features @ F.T
+        log_z = logsumexp(theta, axis=1)
+        rows = np.arange(theta.shape[0])
+        value = float(np.sum(log_z - theta[rows, self.targets]))
+        p = np.exp(theta - log_z[:, None])
+        p[rows, self.targets] -= 1.0
+        grad = (p.T @ self.features).ravel()
+        return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w

@@ -1,0 +1,211 @@
+"""Scores of structured predictions, over the labelled nodes of all samples.
+
+The marginals are the product of marginal-based learning, so models can be
+selected on their calibration as well as on their accuracy.
+
+Plain functions take lists (one entry per sample) of label arrays and of
+marginals; labels equal to -1 are unlabelled and ignored. Labels and marginals
+of one sample may have any matching spatial shape: (n,) and (n, K), or (H, W)
+and (H, W, K).
+
+Scorers are callables ``scorer(estimator, X, y)`` (greater is better), usable
+as ``scoring=`` in :class:`~sklearn.model_selection.GridSearchCV` (alone or in
+a dict for multi-metric search). On a :class:`~sklearn_margcrf.MarginalCRF`
+they score the nodes of each sample, like ``MarginalCRF.score``: labels given
+at image size are reduced to the grid.
+
+=============================  ==========================================
+scorer                          function
+=============================  ==========================================
+``node_accuracy_scorer``        :func:`node_accuracy`
+``neg_hamming_error_scorer``    ``-`` :func:`hamming_error`
+``neg_log_loss_scorer``         ``-`` :func:`marginal_log_loss`
+``neg_brier_score_scorer``      ``-`` :func:`marginal_brier_score`
+=============================  ==========================================
+"""
+
+import numpy as np
+
+from .sample import labels_to_grid
+
+__all__ = [
+    "SCORERS",
+    "get_scorer",
+    "hamming_error",
+    "make_structured_scorer",
+    "marginal_brier_score",
+    "marginal_log_loss",
+    "neg_brier_score_scorer",
+    "neg_hamming_error_scorer",
+    "neg_log_loss_scorer",
+    "node_accuracy",
+    "node_accuracy_scorer",
+]
+
+
+def _check_lists(y_true, y_other, name):
+    if len(y_true) != len(y_other):
+        raise ValueError(f"y_true has {len(y_true)} samples but {name} has {len(y_other)}")
+    if len(y_true) == 0:
+        raise ValueError("no samples to score")
+
+
+def _flat_labels(labels, size, k, name):
+    labels = np.asarray(labels)
+    if labels.size != size:
+        raise ValueError(
+            f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but {name}[{k}] has {size} entries"
+        )
+    flat = labels.reshape(-1).astype(np.int64, copy=False)
+    if flat.size and flat.min() < -1:
+        raise ValueError(f"y_true[{k}] has label {flat.min()}: labels must be >= 0 or -1 (unlabelled)")
+    return flat
+
+
+def _labelled(y_true, marginals):
+    """Stack the labelled nodes: (labels (N,), marginals (N, K))."""
+    _check_lists(y_true, marginals, "marginals")
+    labels_out, marg_out = [], []
+    n_states = None
+    for k, (labels, mu) in enumerate(zip(y_true, marginals)):
+        mu = np.asarray(mu, dtype=np.float64)
+        if mu.ndim < 2:
+            raise ValueError(f"marginals[{k}] must have a trailing axis of K states, got shape {mu.shape}")
+        if n_states is None:
+            n_states = mu.shape[-1]
+        elif mu.shape[-1] != n_states:
+            raise ValueError(f"marginals[{k}] has {mu.shape[-1]} states but marginals[0] has {n_states}")
+        mu = mu.reshape(-1, n_states)
+        flat = _flat_labels(labels, mu.shape[0], k, "marginals")
+        if flat.size and flat.max() >= n_states:
+            raise ValueError(f"y_true[{k}] has label {flat.max()} but the marginals have only {n_states} states")
+        observed = flat >= 0
+        labels_out.append(flat[observed])
+        marg_out.append(mu[observed])
+    labels_out = np.concatenate(labels_out)
+    if labels_out.size == 0:
+        raise ValueError("y_true has no labelled node (every label is -1): nothing to score")
+    return labels_out, np.concatenate(marg_out)
+
+
+def hamming_error(y_true, y_pred):
+    """Fraction of labelled nodes whose predicted label is wrong.
+
+    Parameters
+    ----------
+    y_true, y_pred : list of int arrays
+        One array per sample, of matching sizes; -1 in ``y_true`` = unlabelled.
+    """
+    _check_lists(y_true, y_pred, "y_pred")
+    errors = 0
+    total = 0
+    for k, (labels, pred) in enumerate(zip(y_true, y_pred)):
+        pred = np.asarray(pred).reshape(-1)
+        flat = _flat_labels(labels, pred.size, k, "y_pred")
+        observed = flat >= 0
+        errors += int(np.count_nonzero(pred[observed] != flat[observed]))
+        total += int(np.count_nonzero(observed))
+    if total == 0:
+        raise ValueError("y_true has no labelled node (every label is -1): nothing to score")
+    return errors / total
+
+
+def node_accuracy(y_true, y_pred):
+    """1 - :func:`hamming_error`: fraction of labelled nodes predicted right."""
+    return 1.0 - hamming_error(y_true, y_pred)
+
+
+def hamming_error_from_marginals(y_true, marginals):
+    """Hamming error of the maximum posterior marginal labels."""
+    labels, mu = _labelled(y_true, marginals)
+    return float(np.count_nonzero(np.argmax(mu, axis=1) != labels)) / labels.size
+
+
+def marginal_log_loss(y_true, marginals, eps=1e-15):
+    """Mean of ``-log mu_i(y_i)`` over the labelled nodes (marginals clipped
+    below at ``eps``)."""
+    labels, mu = _labelled(y_true, marginals)
+    p = np.clip(mu[np.arange(labels.size), labels], eps, 1.0)
+    return float(-np.mean(np.log(p)))
+
+
+def marginal_brier_score(y_true, marginals):
+    """Mean over the labelled nodes of ``sum_k (mu_i(k) - [y_i = k])^2``
+    (multiclass Brier score; in [0, 2])."""
+    labels, mu = _labelled(y_true, marginals)
+    diff = mu.copy()
+    diff[np.arange(labels.size), labels] -= 1.0
+    return float(np.mean(np.sum(diff * diff, axis=1)))
+
+
+def _node_level(estimator, X, y):
+    """(labels, marginals) per sample, at the nodes when the estimator can
+    tell them (MarginalCRF), else as ``predict_proba`` returns them."""
+    if hasattr(estimator, "_node_marginals"):
+        samples, marginals = estimator._node_marginals(X)
+        if len(y) != len(samples):
+            raise ValueError(f"X has {len(samples)} samples but y has {len(y)} label arrays")
+        labels = [labels_to_grid(lab, s.sample) for s, lab in zip(samples, y)]
+        return labels, marginals
+    return list(y), estimator.predict_proba(X)
+
+
+class _StructuredScorer:
+    """``scorer(estimator, X, y)``: ``sign * score_func(y, marginals or labels)``."""
+
+    def __init__(self, score_func, sign, response, name):
+        self._score_func = score_func
+        self._sign = sign
+        self._response = response
+        self._name = name
+
+    def __call__(self, estimator, X, y, sample_weight=None):
+        if sample_weight is not None:
+            raise ValueError(f"the {self._name} scorer does not support sample_weight")
+        labels, marginals = _node_level(estimator, X, y)
+        if self._response == "predict":
+            prediction = [np.argmax(np.asarray(mu), axis=-1) for mu in marginals]
+            return self._sign * self._score_func(labels, prediction)
+        return self._sign * self._score_func(labels, marginals)
+
+    def __repr__(self):
+        sign = "" if self._sign > 0 else "-"
+        return f"<structured scorer {sign}{self._score_func.__name__} on {self._response}>"
+
+
+def make_structured_scorer(score_func, *, response_method="predict", greater_is_better=True, name=None):
+    """A scorer ``scorer(estimator, X, y)`` from ``score_func(y_true, response)``.
+
+    ``response_method="predict"`` passes the maximum posterior marginal labels,
+    ``"predict_proba"`` the marginals, as lists over samples.
+    """
+    if response_method not in ("predict", "predict_proba"):
+        raise ValueError(f"response_method must be 'predict' or 'predict_proba', got {response_method!r}")
+    return _StructuredScorer(
+        score_func, 1 if greater_is_better else -1, response_method, name or score_func.__name__
+    )
+
+
+node_accuracy_scorer = make_structured_scorer(node_accuracy, name="node_accuracy")
+neg_hamming_error_scorer = make_structured_scorer(hamming_error, greater_is_better=False, name="neg_hamming_error")
+neg_log_loss_scorer = make_structured_scorer(
+    marginal_log_loss, response_method="predict_proba", greater_is_better=False, name="neg_marginal_log_loss"
+)
+neg_brier_score_scorer = make_structured_scorer(
+    marginal_brier_score, response_method="predict_proba", greater_is_better=False, name="neg_marginal_brier_score"
+)
+
+SCORERS = {
+    "node_accuracy": node_accuracy_scorer,
+    "neg_hamming_error": neg_hamming_error_scorer,
+    "neg_marginal_log_loss": neg_log_loss_scorer,
+    "neg_marginal_brier_score": neg_brier_score_scorer,
+}
+
+
+def get_scorer(name):
+    """The structured scorer called ``name`` (one of :data:`SCORERS`)."""
+    try:
+        return SCORERS[name]
+    except KeyError:
+        raise ValueError(f"unknown structured scorer {name!r}; choose one of {sorted(SCORERS)}") from None

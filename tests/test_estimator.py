@@ -1,0 +1,545 @@
+"""Tests of MarginalCRF: scikit-learn citizenship, learning, parallelism, bad input."""
+
+import re
+import warnings
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import FunctionTransformer
+from sklearn.utils import estimator_checks as sk_checks
+
+import sklearn_margcrf.estimator as estimator_module
+from estimator_checks import make_structured_data, parametrize_with_checks
+from sklearn_margcrf._graph import grid_edges
+from sklearn_margcrf.estimator import MarginalCRF, _chunk_loss_grad, _LogisticData, _pack, _check_X, _check_y
+from sklearn_margcrf.metrics import hamming_error, neg_log_loss_scorer
+from sklearn_margcrf.sample import CRFSample
+
+FAST = dict(n_iter=3, max_iter=4)
+
+CONFIGURATIONS = [
+    MarginalCRF(**FAST),
+    MarginalCRF(inference="independent", **FAST),
+    MarginalCRF(loss="clique_logistic", inference="mean_field", gradient_mode="backprop", **FAST),
+    MarginalCRF(loss="surrogate_likelihood", inference="lbp", **FAST),
+    MarginalCRF(loss="smooth_classification", init="zeros", **FAST),
+    MarginalCRF(loss="pseudolikelihood", **FAST),
+    MarginalCRF(inference="exact", gradient_mode="implicit", **FAST),
+]
+
+
+def fit_quietly(estimator, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return estimator.fit(X, y)
+
+
+# ---------------------------------------------------------------------------
+# scikit-learn common checks that need no 2-D data, run directly
+# ---------------------------------------------------------------------------
+
+SKLEARN_CHECKS = [
+    sk_checks.check_estimator_cloneable,
+    sk_checks.check_estimator_repr,
+    sk_checks.check_estimator_tags_renamed,
+    sk_checks.check_valid_tag_types,
+    sk_checks.check_no_attributes_set_in_init,
+    sk_checks.check_parameters_default_constructible,
+    sk_checks.check_get_params_invariance,
+    sk_checks.check_set_params,
+    sk_checks.check_do_not_raise_errors_in_init_or_set_params,
+    sk_checks.check_mixin_order,
+    sk_checks.check_estimators_unfitted,
+    sk_checks.check_estimator_sparse_tag,
+]
+
+
+@pytest.mark.parametrize("check", SKLEARN_CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("estimator", CONFIGURATIONS[:3], ids=lambda e: f"{e.loss}-{e.inference}")
+def test_sklearn_data_free_checks(estimator, check):
+    check(type(estimator).__name__, clone(estimator))
+
+
+@parametrize_with_checks(CONFIGURATIONS)
+def test_structured_checks(estimator, check):
+    check(estimator)
+
+
+def test_tags_are_honest():
+    tags = MarginalCRF().__sklearn_tags__()
+    assert tags.input_tags.two_d_array is False
+    assert tags.input_tags.allow_nan is False
+    assert tags.target_tags.required is True
+    assert tags.estimator_type == "classifier"
+    assert tags.requires_fit is True
+
+
+def test_not_fitted_error():
+    X, _ = make_structured_data()
+    estimator = MarginalCRF()
+    with pytest.raises(NotFittedError):
+        estimator.predict(X)
+    with pytest.raises(NotFittedError):
+        estimator.score(X, [np.zeros((4, 5), int)] * len(X))
+
+
+# ---------------------------------------------------------------------------
+# Model and learning
+# ---------------------------------------------------------------------------
+
+
+def test_chain_rule_gradient_matches_finite_differences():
+    X, y = make_structured_data(n_samples=2, n_states=3, shape=(3, 4))
+    samples, _, _ = _check_X(X)
+    labels, n_states = _check_y(y, samples)
+    chunk = _pack(samples, labels, [0, 1])
+    rng = np.random.default_rng(0)
+    F = rng.normal(size=(n_states, samples[0].node_features.shape[1]))
+    G = rng.normal(size=(n_states, n_states, 2)) * 0.5
+    config = MarginalCRF(n_iter=5)._config("univariate_logistic", "trw", n_states)
+
+    def total(F, G):
+        out, _ = _chunk_loss_grad(chunk, F, G, config)
+        return sum(v for v, _, _ in out), sum(gf for _, gf, _ in out), sum(gg for _, _, gg in out)
+
+    _, grad_f, grad_g = total(F, G)
+    h = 1e-6
+    for index in [(0, 0), (1, 2), (2, 1)]:
+        Fp, Fm = F.copy(), F.copy()
+        Fp[index] += h
+        Fm[index] -= h
+        numeric = (total(Fp, G)[0] - total(Fm, G)[0]) / (2 * h)
+        assert numeric == pytest.approx(grad_f[index], rel=1e-5, abs=1e-7)
+    for index in [(0, 1, 0), (2, 2, 1), (1, 0, 1)]:
+        Gp, Gm = G.copy(), G.copy()
+        Gp[index] += h
+        Gm[index] -= h
+        numeric = (total(F, Gp)[0] - total(F, Gm)[0]) / (2 * h)
+        assert numeric == pytest.approx(grad_g[index], rel=1e-5, abs=1e-7)
+
+
+def test_independent_model_is_multinomial_logistic_regression():
+    X, y = make_structured_data(n_samples=3, n_states=3, hidden=0.2)
+    reg = 1e-2
+    estimator = MarginalCRF(inference="independent", reg=reg, max_iter=500, lbfgs_tol=1e-10).fit(X, y)
+    features = np.concatenate([s[0] for s in X])
+    labels = np.concatenate([lab.ravel() for lab in y])
+    observed = labels >= 0
+    reference = LogisticRegression(C=1.0 / (2 * reg * observed.sum()), fit_intercept=False, tol=1e-12, max_iter=5000)
+    reference.fit(features[observed], labels[observed])
+    np.testing.assert_allclose(estimator.unary_coef_, reference.coef_, atol=1e-4)
+    assert np.all(estimator.pairwise_coef_ == 0)
+
+
+def test_independent_fast_path_agrees_with_loss_and_grad():
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    samples, _, _ = _check_X(X)
+    labels, n_states = _check_y(y, samples)
+    rng = np.random.default_rng(1)
+    F = rng.normal(size=(n_states, 4))
+    G = np.zeros((n_states, n_states, 2))
+    config = MarginalCRF()._config("univariate_logistic", "independent", n_states)
+    out, _ = _chunk_loss_grad(_pack(samples, labels, [0, 1, 2]), F, G, config)
+    n_labelled = sum(int((lab >= 0).sum()) for lab in labels)
+    value, grad = _LogisticData(samples, labels).loss_grad(F.ravel(), F.shape, n_labelled, 0.0)
+    assert value == pytest.approx(sum(v for v, _, _ in out) / n_labelled, rel=1e-10)
+    np.testing.assert_allclose(grad, sum(g for _, g, _ in out).ravel() / n_labelled, atol=1e-10)
+
+
+def test_fitted_attributes():
+    X, y = make_structured_data(n_states=3)
+    estimator = fit_quietly(MarginalCRF(**FAST), X, y)
+    assert estimator.unary_coef_.shape == (3, 4)
+    assert estimator.pairwise_coef_.shape == (3, 3, 2)
+    assert estimator.n_states_ == 3
+    np.testing.assert_array_equal(estimator.classes_, [0, 1, 2])
+    assert estimator.n_node_features_ == 4 and estimator.n_edge_features_ == 2
+    assert 0 < estimator.n_iter_ <= FAST["max_iter"]
+    assert len(estimator.loss_curve_) == estimator.n_iter_
+    assert estimator.fit_time_ > 0 and estimator.kernel_time_ > 0
+    assert np.all(np.diff(estimator.loss_curve_) <= 1e-12)
+
+
+def test_init_independent_starts_better_than_zeros():
+    X, y = make_structured_data()
+    independent = fit_quietly(MarginalCRF(n_iter=3, max_iter=2), X, y)
+    zeros = fit_quietly(MarginalCRF(n_iter=3, max_iter=2, init="zeros"), X, y)
+    assert independent.loss_curve_[0] < zeros.loss_curve_[0]
+
+
+def test_max_iter_zero_keeps_the_start():
+    X, y = make_structured_data()
+    zeros = MarginalCRF(max_iter=0, init="zeros").fit(X, y)
+    assert np.all(zeros.unary_coef_ == 0) and zeros.n_iter_ == 0
+    proba = zeros.predict_proba(X)[0]
+    np.testing.assert_allclose(proba, 0.5)
+
+
+def test_warm_start_continues_and_cold_start_resets():
+    X, y = make_structured_data()
+    warm = fit_quietly(MarginalCRF(n_iter=3, max_iter=3, warm_start=True), X, y)
+    first_curve = list(warm.loss_curve_)
+    fit_quietly(warm, X, y)
+    assert warm.loss_curve_[0] < first_curve[0]  # continued from the previous weights
+    cold = fit_quietly(MarginalCRF(n_iter=3, max_iter=3), X, y)
+    fit_quietly(cold, X, y)
+    assert cold.loss_curve_ == pytest.approx(first_curve)
+    # warm start with incompatible shapes: starts afresh, with a warning
+    X3, y3 = make_structured_data(n_states=3)
+    with pytest.warns(UserWarning, match="warm_start"):
+        fit_quietly(warm, X3, y3)
+    assert warm.n_states_ == 3
+
+
+def test_lbfgs_restarts_after_abnormal_line_search(monkeypatch):
+    real_minimize = estimator_module.scipy.optimize.minimize
+    calls = []
+
+    def flaky_minimize(fun, x0, **kwargs):
+        calls.append(kwargs["options"]["maxiter"])
+        if len(calls) == 1:
+            options = dict(kwargs["options"], maxiter=2)
+            result = real_minimize(fun, x0, **dict(kwargs, options=options))
+            result.status = 2
+            result.message = "ABNORMAL: bad search direction (simulated)"
+            return result
+        return real_minimize(fun, x0, **kwargs)
+
+    monkeypatch.setattr(estimator_module.scipy.optimize, "minimize", flaky_minimize)
+    X, y = make_structured_data()
+    estimator = fit_quietly(MarginalCRF(inference="independent", max_iter=50, init="zeros"), X, y)
+    assert estimator.n_restarts_ == 1
+    assert calls == [50, 48]
+    assert estimator.n_iter_ > 2
+
+
+def test_verbose_reports_objective_gradient_and_time(capsys):
+    X, y = make_structured_data()
+    fit_quietly(MarginalCRF(n_iter=2, max_iter=2, verbose=1), X, y)
+    out = capsys.readouterr().out
+    assert re.search(r"fit iter +1 +objective [0-9.e+-]+ +\|grad\| [0-9.e+-]+ +time [0-9.]+s", out)
+    fit_quietly(MarginalCRF(n_iter=2, max_iter=2), X, y)
+    assert capsys.readouterr().out == ""
+
+
+def test_predict_shapes_follow_the_sample():
+    X, y = make_structured_data(n_samples=2, shape=(4, 6))
+    estimator = fit_quietly(MarginalCRF(**FAST), X, y)
+    nf, edges, ef = X[0]
+    image_sample = CRFSample(nf, edges, ef, grid_shape=(4, 6), image_shape=(8, 12))
+    flat_sample = (nf, edges, ef)
+    pred_image, pred_flat, pred_grid = estimator.predict([image_sample, flat_sample, X[0]])
+    assert pred_image.shape == (8, 12) and pred_flat.shape == (24,) and pred_grid.shape == (4, 6)
+    proba_image = estimator.predict_proba([image_sample])[0]
+    assert proba_image.shape == (8, 12, 2)
+    np.testing.assert_array_equal(pred_grid.ravel(), pred_flat)
+    # labels at image size are reduced to the grid; score is over nodes
+    big_labels = np.kron(np.where(y[0] < 0, 0, y[0]), np.ones((2, 2), dtype=int))
+    assert estimator.score([image_sample], [big_labels]) == estimator.score([X[0]], [np.where(y[0] < 0, 0, y[0])])
+
+
+def test_score_is_one_minus_hamming_error_over_labelled_nodes():
+    X, y = make_structured_data(hidden=0.3)
+    estimator = fit_quietly(MarginalCRF(**FAST), X, y)
+    assert estimator.score(X, y) == pytest.approx(1 - hamming_error(y, estimator.predict(X)))
+
+
+def test_truncated_prediction_uses_n_iter(monkeypatch):
+    X, y = make_structured_data(n_samples=2)
+    seen = []
+    real_infer = estimator_module.infer
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["method"], kwargs["n_iter"], kwargs["tol"]))
+        return real_infer(*args, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "infer", spy)
+    fit_quietly(MarginalCRF(n_iter=4, max_iter=1, tol=1e-3), X, y).predict(X)
+    assert seen[-1] == ("trw", 4, 1e-3)
+    fit_quietly(MarginalCRF(gradient_mode="backprop", inference="mean_field", max_iter=1, tol=1e-3), X, y).predict(X)
+    assert seen[-1] == ("mean_field", None, 1e-3)
+
+
+# ---------------------------------------------------------------------------
+# Pipeline and grid search
+# ---------------------------------------------------------------------------
+
+
+def _images(n, size=6, seed=0):
+    rng = np.random.default_rng(seed)
+    images, labels = [], []
+    for _ in range(n):
+        x = np.zeros((size, size), dtype=np.int64)
+        r, c = rng.integers(0, size // 2, size=2)
+        x[r : r + size // 2, c : c + size // 2] = 1
+        images.append(np.clip(x + rng.normal(scale=0.7, size=x.shape), -2, 3))
+        labels.append(x)
+    return images, labels
+
+
+def images_to_samples(images):
+    samples = []
+    for image in images:
+        height, width = image.shape
+        edges = grid_edges(height, width)
+        edge_features = np.zeros((len(edges), 2))
+        edge_features[: height * (width - 1), 0] = 1
+        edge_features[height * (width - 1) :, 1] = 1
+        node_features = np.stack([np.ones(image.size), image.ravel()], axis=1)
+        samples.append(CRFSample(node_features, edges, edge_features, grid_shape=image.shape))
+    return samples
+
+
+def test_pipeline_in_grid_search_over_loss_and_inference():
+    images, labels = _images(6)
+    pipe = Pipeline([("features", FunctionTransformer(images_to_samples)), ("crf", MarginalCRF(n_iter=3, max_iter=3, n_states=2))])
+    grid = {
+        "crf__loss": ["univariate_logistic", "surrogate_likelihood"],
+        "crf__inference": ["trw", "mean_field", "independent"],
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        search = GridSearchCV(pipe, grid, cv=2).fit(images, labels)
+        search_ll = GridSearchCV(pipe, {"crf__inference": ["trw", "independent"]}, cv=2, scoring=neg_log_loss_scorer)
+        search_ll.fit(images, labels)
+    assert len(search.cv_results_["params"]) == 6
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+    predictions = search.best_estimator_.predict(images[:2])
+    assert [p.shape for p in predictions] == [(6, 6), (6, 6)]
+    assert search.score(images, labels) > 0.5
+    assert np.all(search_ll.cv_results_["mean_test_score"] < 0)
+
+
+# ---------------------------------------------------------------------------
+# Synthetic binary denoising (paper, Sec. "Binary Denoising Data")
+# ---------------------------------------------------------------------------
+
+
+def make_denoising(n_images, size=24, noise=1.25, seed=0):
+    """Piecewise-constant binary images (XOR of rectangles) and the paper's
+    noise y = x (1 - t^n) + (1 - x) t^n; unary features [1, y], edge features
+    [horizontal, vertical]."""
+    rng = np.random.default_rng(seed)
+    edges = grid_edges(size, size)
+    n_horizontal = size * (size - 1)
+    edge_features = np.zeros((len(edges), 2))
+    edge_features[:n_horizontal, 0] = 1
+    edge_features[n_horizontal:, 1] = 1
+    X, y = [], []
+    for _ in range(n_images):
+        x = np.zeros((size, size), dtype=np.int64)
+        for _ in range(3):
+            h, w = rng.integers(size // 4, size // 2 + 1, size=2)
+            r0, c0 = rng.integers(0, size - h + 1), rng.integers(0, size - w + 1)
+            x[r0 : r0 + h, c0 : c0 + w] ^= 1
+        t = rng.uniform(size=x.shape)
+        noisy = x * (1 - t**noise) + (1 - x) * t**noise
+        node_features = np.stack([np.ones(x.size), noisy.ravel()], axis=1)
+        X.append(CRFSample(node_features, edges, edge_features, grid_shape=x.shape))
+        y.append(x)
+    return X, y
+
+
+DENOISING_LOSSES = ["univariate_logistic", "clique_logistic", "univariate_quadratic", "smooth_classification"]
+
+
+@pytest.fixture(scope="module")
+def denoising_scores():
+    """Test accuracy of each model on 4 + 4 noisy 24 x 24 images (n = 1.25)."""
+    (X, y), (X_test, y_test) = make_denoising(4, seed=0), make_denoising(4, seed=1)
+    models = {"independent": MarginalCRF(inference="independent")}
+    for loss in ["surrogate_likelihood"] + DENOISING_LOSSES:
+        models[loss] = MarginalCRF(loss=loss, n_iter=10, max_iter=25)
+    scores = {}
+    for name, model in models.items():
+        fit_quietly(model, X, y)
+        scores[name] = (model.score(X, y), model.score(X_test, y_test))
+    return scores
+
+
+def test_denoising_trw_beats_independent_by_a_wide_margin(denoising_scores):
+    train, test = denoising_scores["univariate_logistic"]
+    train_independent, test_independent = denoising_scores["independent"]
+    assert test > test_independent + 0.05
+    assert train > train_independent + 0.05
+
+
+@pytest.mark.parametrize("loss", DENOISING_LOSSES)
+def test_denoising_marginal_losses_not_worse_than_surrogate_likelihood(denoising_scores, loss):
+    assert denoising_scores[loss][1] >= denoising_scores["surrogate_likelihood"][1] - 0.015
+
+
+# ---------------------------------------------------------------------------
+# Dask
+# ---------------------------------------------------------------------------
+
+
+def test_dask_fit_equals_local_fit():
+    distributed = pytest.importorskip("distributed")
+    X, y = make_structured_data(n_samples=5)
+    params = dict(n_iter=3, max_iter=4)
+    local = fit_quietly(MarginalCRF(**params), X, y)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with distributed.Client(cluster):
+            with joblib.parallel_config(backend="dask"):
+                remote = fit_quietly(MarginalCRF(**params), X, y)
+                proba = remote.predict_proba(X)
+    np.testing.assert_allclose(remote.unary_coef_, local.unary_coef_, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(remote.pairwise_coef_, local.pairwise_coef_, rtol=0, atol=1e-8)
+    for a, b in zip(proba, local.predict_proba(X)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)
+
+
+# ---------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data():
+    return make_structured_data(n_samples=2, hidden=0)
+
+
+def _replace(sample, index, value):
+    parts = list(sample)
+    parts[index] = value
+    return CRFSample(*parts, grid_shape=sample.grid_shape)
+
+
+def test_x_and_y_lengths_differ(data):
+    X, y = data
+    with pytest.raises(ValueError, match="different lengths.*2 samples.*1 label"):
+        MarginalCRF().fit(X, y[:1])
+
+
+@pytest.mark.parametrize("bad, match", [(2, r"label 2 but n_states=2"), (-2, r"label -2.*>= 0, or -1")])
+def test_labels_out_of_range(data, bad, match):
+    X, y = data
+    y = [lab.copy() for lab in y]
+    y[1][0, 0] = bad
+    with pytest.raises(ValueError, match=match):
+        MarginalCRF(n_states=2).fit(X, y)
+
+
+def test_label_count_differs_from_node_count(data):
+    X, y = data
+    with pytest.raises(ValueError, match=r"y\[1\].*label count"):
+        MarginalCRF().fit(X, [y[0], y[1].ravel()[:-1]])
+
+
+def test_non_integer_labels(data):
+    X, y = data
+    with pytest.raises(ValueError, match="integer labels"):
+        MarginalCRF().fit(X, [y[0] + 0.5, y[1]])
+
+
+@pytest.mark.parametrize("index, name", [(0, "node_features"), (2, "edge_features")])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nan_or_inf_features(data, index, name, value):
+    X, y = data
+    features = np.array(X[1][index], dtype=float)
+    features[1, 1] = value
+    X = [X[0], _replace(X[1], index, features)]
+    with pytest.raises(ValueError, match=rf"X\[1\] {name} contains NaN or infinite"):
+        MarginalCRF().fit(X, y)
+
+
+def test_edge_indices_out_of_range(data):
+    X, y = data
+    edges = X[1][1].copy()
+    edges[3, 1] = 20
+    X = [X[0], _replace(X[1], 1, edges)]
+    with pytest.raises(ValueError, match=r"X\[1\].*node indices.*20.*only 20 nodes"):
+        MarginalCRF().fit(X, y)
+
+
+def test_edge_feature_rows_differ_from_edge_count(data):
+    X, y = data
+    X = [X[0], _replace(X[1], 2, X[1][2][:-1])]
+    with pytest.raises(ValueError, match=r"X\[1\] has 31 edges but edge_features has 30 rows"):
+        MarginalCRF().fit(X, y)
+
+
+def test_feature_dimensions_at_predict_differ_from_fit(data):
+    X, y = data
+    estimator = fit_quietly(MarginalCRF(**FAST), X, y)
+    nf, edges, ef = X[0]
+    with pytest.raises(ValueError, match="2 node features but fit had 3"):
+        estimator.predict([(nf[:, :2], edges, ef)])
+    with pytest.raises(ValueError, match="3 edge features but fit had 2"):
+        estimator.predict_proba([(nf, edges, np.hstack([ef, ef[:, :1]]))])
+
+
+def test_feature_dimensions_differ_between_samples(data):
+    X, y = data
+    nf, edges, ef = X[1]
+    with pytest.raises(ValueError, match=r"X\[1\] has 4 node features but X\[0\] had 3"):
+        MarginalCRF().fit([X[0], (np.hstack([nf, nf[:, :1]]), edges, ef)], [y[0], y[1].ravel()])
+
+
+@pytest.mark.parametrize("param", ["loss", "inference", "gradient_mode", "init"])
+def test_unknown_names(data, param):
+    X, y = data
+    with pytest.raises(ValueError, match=rf"'{param}' parameter of MarginalCRF must be"):
+        MarginalCRF(**{param: "nonsense"}).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(gradient_mode="implicit", inference="mean_field"), "implicit.*mean_field"),
+        (dict(gradient_mode="truncated", inference="exact"), "truncated.*exact"),
+        (dict(gradient_mode="backprop", inference="exact"), "backprop.*exact"),
+    ],
+)
+def test_unsupported_combination_fails_before_any_work(data, monkeypatch, params, match):
+    X, y = data
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work was done before the combination was checked")
+
+    monkeypatch.setattr(estimator_module, "_check_X", forbidden)
+    monkeypatch.setattr(estimator_module, "loss_and_grad", forbidden)
+    with pytest.raises(ValueError, match=f"unsupported combination.*{match}"):
+        MarginalCRF(**params).fit(X, y)
+
+
+@pytest.mark.parametrize("params", [dict(n_iter=-1), dict(tol=0), dict(reg=-1.0), dict(alpha=0), dict(n_states=1), dict(sides=3), dict(rho=-0.5), dict(rho="nope")])
+def test_bad_parameter_values(data, params):
+    X, y = data
+    with pytest.raises(ValueError, match=f"'{next(iter(params))}' parameter"):
+        MarginalCRF(**params).fit(X, y)
+
+
+def test_x_is_not_a_list_of_samples(data):
+    _, y = data
+    with pytest.raises(TypeError, match="list of samples"):
+        MarginalCRF().fit(np.zeros((2, 3)), y)
+    with pytest.raises(TypeError, match="triple"):
+        MarginalCRF().fit([np.zeros(2), np.zeros(2)], y)
+    with pytest.raises(ValueError, match="empty"):
+        MarginalCRF().fit([], [])
+
+
+def test_all_labels_hidden(data):
+    X, y = data
+    with pytest.raises(ValueError, match="no labelled node"):
+        MarginalCRF().fit(X, [np.full_like(lab, -1) for lab in y])
+
+
+def test_inputs_are_not_mutated_and_read_only_ok(data):
+    X, y = data
+    for sample in X:
+        for array in sample:
+            array.flags.writeable = False
+    for lab in y:
+        lab.flags.writeable = False
+    estimator = fit_quietly(MarginalCRF(**FAST), X, y)
+    estimator.predict(X)
+    assert estimator.score(X, y) > 0.5
