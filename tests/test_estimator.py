@@ -173,6 +173,30 @@ def test_init_independent_starts_better_than_zeros():
     assert independent.loss_curve_[0] < zeros.loss_curve_[0]
 
 
+def test_smooth_classification_starts_from_surrogate_likelihood(monkeypatch):
+    X, y = make_structured_data()
+    losses = []
+    real = estimator_module._chunk_loss_grad
+
+    def spy(chunk, F, G, config):
+        losses.append(config["loss"])
+        return real(chunk, F, G, config)
+
+    monkeypatch.setattr(estimator_module, "_chunk_loss_grad", spy)
+    fit_quietly(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, n_jobs=1), X, y)
+    first_smooth = losses.index("smooth_classification")
+    assert first_smooth > 0 and set(losses[:first_smooth]) == {"surrogate_likelihood"}
+    losses.clear()
+    fit_quietly(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, init="zeros", n_jobs=1), X, y)
+    assert set(losses) == {"smooth_classification"}
+
+
+def test_convergence_warning_when_max_iter_is_reached():
+    X, y = make_structured_data()
+    with pytest.warns(ConvergenceWarning, match="max_iter=1"):
+        MarginalCRF(n_iter=2, max_iter=1).fit(X, y)
+
+
 def test_max_iter_zero_keeps_the_start():
     X, y = make_structured_data()
     zeros = MarginalCRF(max_iter=0, init="zeros").fit(X, y)
