@@ -337,6 +337,7 @@ class _ParallelMap:
     def __init__(self, chunks, n_jobs, verbose=0):
         self.chunks = chunks
         self.indices = [chunk["index"].tolist() for chunk in chunks]
+        self.n_images = sum(len(index) for index in self.indices)
         self.n_jobs = n_jobs
         self.verbose = verbose
         self._folder = None
@@ -350,11 +351,15 @@ class _ParallelMap:
         backend_name = type(backend).__name__
         self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
         self._parallel.__enter__()
-        if backend_name in ("LokyBackend", "MultiprocessingBackend"):
-            self._folder = tempfile.mkdtemp(prefix="margcrf_", dir=_shared_memory_dir())
-            self.chunks = [self._memmap(chunk, c) for c, chunk in enumerate(self.chunks)]
-        elif backend_name == "DaskDistributedBackend":
-            self._futures = backend.client.scatter(list(self.chunks), hash=False)
+        try:
+            if backend_name in ("LokyBackend", "MultiprocessingBackend"):
+                self._folder = tempfile.mkdtemp(prefix="margcrf_", dir=_shared_memory_dir())
+                self.chunks = [self._memmap(chunk, c) for c, chunk in enumerate(self.chunks)]
+            elif backend_name == "DaskDistributedBackend":
+                self._futures = backend.client.scatter(list(self.chunks), hash=False)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
         return self
 
     def _memmap(self, chunk, c):
@@ -579,7 +584,8 @@ class MarginalCRF(BaseEstimator):
         tags.estimator_type = "classifier"
         tags.classifier_tags = ClassifierTags(multi_class=True, multi_label=False)
         tags.target_tags.required = True
-        tags.target_tags.single_output = False
+        tags.target_tags.single_output = False  # one label per node: structured output
+        tags.target_tags.multi_output = True
         tags.input_tags.two_d_array = False
         tags.input_tags.allow_nan = False
         tags.non_deterministic = False
@@ -679,8 +685,7 @@ class MarginalCRF(BaseEstimator):
                 UserWarning,
             )
 
-        self._kernel_time = 0.0
-        self._fit_start = start
+        stats = {"start": start, "kernel_time": 0.0}
         if warm:
             unary_coef = self.unary_coef_.copy()
             pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
@@ -697,7 +702,7 @@ class MarginalCRF(BaseEstimator):
                 fast_logistic = _LogisticData(samples, labels)
                 unary_coef, _ = self._minimize(
                     lambda w: fast_logistic.loss_grad(w, shape_f, n_labelled, self.reg),
-                    unary_coef.ravel(), "independent",
+                    unary_coef.ravel(), "independent", stats,
                 )
                 unary_coef = unary_coef.reshape(shape_f)
 
@@ -711,18 +716,18 @@ class MarginalCRF(BaseEstimator):
                 self._log("init: fitting surrogate likelihood")
                 config = self._config("surrogate_likelihood", self.inference, n_states)
                 (unary_coef, pairwise_coef), _ = self._fit_weights(
-                    pmap, config, unary_coef, pairwise_coef, len(samples), n_labelled, "surrogate_likelihood"
+                    pmap, config, unary_coef, pairwise_coef, n_labelled, "surrogate_likelihood", stats
                 )
             config = self._config(self.loss, self.inference, n_states)
             if self.inference == "independent" and self.loss == "univariate_logistic":
                 data = fast_logistic if fast_logistic is not None else _LogisticData(samples, labels)
                 w, info = self._minimize(
-                    lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg), unary_coef.ravel(), "fit"
+                    lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg), unary_coef.ravel(), "fit", stats
                 )
                 unary_coef, pairwise_coef = w.reshape(shape_f), np.zeros(shape_g)
             else:
                 (unary_coef, pairwise_coef), info = self._fit_weights(
-                    pmap, config, unary_coef, pairwise_coef, len(samples), n_labelled, "fit"
+                    pmap, config, unary_coef, pairwise_coef, n_labelled, "fit", stats
                 )
 
         self.unary_coef_ = unary_coef
@@ -734,12 +739,11 @@ class MarginalCRF(BaseEstimator):
         self.n_iter_ = info["n_iter"]
         self.n_restarts_ = info["n_restarts"]
         self.loss_curve_ = info["loss_curve"]
-        self.kernel_time_ = self._kernel_time
+        self.kernel_time_ = stats["kernel_time"]
         self.fit_time_ = time.perf_counter() - start
-        del self._kernel_time, self._fit_start
         return self
 
-    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_samples, n_labelled, stage):
+    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_labelled, stage, stats):
         """Minimise the objective of ``config`` over (F, G) from the given start."""
         shape_f, shape_g = unary_coef.shape, pairwise_coef.shape
         size_f = unary_coef.size
@@ -750,9 +754,9 @@ class MarginalCRF(BaseEstimator):
             F = w[:size_f].reshape(shape_f)
             G = w[size_f:].reshape(shape_g) if not independent else np.zeros(shape_g)
             results = pmap(_chunk_loss_grad, F, G, config)
-            per_image = [None] * n_samples
+            per_image = [None] * pmap.n_images
             for (batch, seconds), index in zip(results, pmap.indices):
-                self._kernel_time += seconds
+                stats["kernel_time"] += seconds
                 for k, item in zip(index, batch):
                     per_image[k] = item
             value = 0.0
@@ -768,12 +772,12 @@ class MarginalCRF(BaseEstimator):
             return value, grad
 
         w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
-        w, info = self._minimize(objective, w0, stage)
+        w, info = self._minimize(objective, w0, stage, stats)
         F = w[:size_f].reshape(shape_f).copy()
         G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
         return (F, G), info
 
-    def _minimize(self, objective, w0, stage):
+    def _minimize(self, objective, w0, stage, stats):
         """L-BFGS-B with restarts after an abnormal line search."""
         max_iter = int(self.max_iter)
         last = {"x": None, "f": np.nan, "g": None}
@@ -790,7 +794,7 @@ class MarginalCRF(BaseEstimator):
             if self.verbose > 0:
                 g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
-                elapsed = time.perf_counter() - self._fit_start
+                elapsed = time.perf_counter() - stats["start"]
                 self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {elapsed:.2f}s")
 
         w = np.asarray(w0, dtype=np.float64).copy()
