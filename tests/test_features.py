@@ -1,0 +1,383 @@
+"""Image feature transformers: shapes, hand-checked values, resolution, Pipeline."""
+
+import itertools
+import pickle
+
+import numpy as np
+import pytest
+
+pytest.importorskip("skimage", reason="the image transformers need scikit-image")
+
+from sklearn.base import clone
+from sklearn.utils import get_tags
+from sklearn.utils.estimator_checks import (
+    check_get_params_invariance,
+    check_no_attributes_set_in_init,
+    check_parameters_default_constructible,
+    check_set_params,
+)
+
+from sklearn_margcrf._graph import grid_edges
+from sklearn_margcrf.features import (
+    RGB_THRESHOLDS,
+    SOBEL_THRESHOLDS,
+    BackgroundFeatures,
+    CombinedFeatures,
+    DenoisingFeatures,
+    HorseFeatures,
+    binary_vectors,
+    combine_samples,
+    dense_hog,
+    edge_orientation,
+    fourier_features,
+    sobel_magnitude,
+    split_by_orientation,
+)
+from sklearn_margcrf.sample import CRFSample, labels_to_grid, marginals_to_image
+
+TRANSFORMERS = [DenoisingFeatures, HorseFeatures, BackgroundFeatures]
+
+
+def _rng_image(shape, seed=0):
+    return np.random.default_rng(seed).uniform(size=shape)
+
+
+# ---------------------------------------------------------------------------
+# scikit-learn citizenship
+
+
+@pytest.mark.parametrize("cls", TRANSFORMERS)
+def test_sklearn_data_free_checks(cls):
+    name = cls.__name__
+    check_no_attributes_set_in_init(name, cls())
+    check_parameters_default_constructible(name, cls())
+    check_get_params_invariance(name, cls())
+    check_set_params(name, cls())
+    assert name in repr(cls())
+    tags = get_tags(cls())
+    assert tags.requires_fit is False
+    assert tags.input_tags.two_d_array is False
+
+
+@pytest.mark.parametrize("cls", TRANSFORMERS)
+def test_fit_is_a_stateless_no_op(cls):
+    images = [_rng_image((6, 7, 3))]
+    est = cls(scale=1.0)
+    before = dict(est.__dict__)
+    assert est.fit(images) is est
+    assert est.__dict__ == before
+    a = est.fit_transform(images)[0]
+    b = cls(scale=1.0).transform(images)[0]  # no fit needed
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    clone(est)
+    pickle.loads(pickle.dumps(est))
+
+
+def test_invalid_parameters_and_images():
+    with pytest.raises(ValueError, match="scale"):
+        HorseFeatures(scale=0).transform([np.zeros((4, 4, 3))])
+    with pytest.raises(ValueError, match="scale"):
+        DenoisingFeatures(scale=1.5).fit([np.zeros((4, 4))])
+    with pytest.raises(ValueError, match="rgb_thresholds"):
+        HorseFeatures(rgb_thresholds=[]).transform([np.zeros((4, 4, 3))])
+    with pytest.raises(ValueError, match=r"image 1 must have shape"):
+        HorseFeatures().transform([np.zeros((4, 4, 3)), np.zeros((4, 4, 2))])
+    with pytest.raises(ValueError, match="NaN"):
+        DenoisingFeatures().transform([np.full((3, 3), np.nan)])
+    with pytest.raises(TypeError, match="list of images"):
+        DenoisingFeatures().transform(np.zeros((3, 3)))
+
+
+def test_integer_images_are_scaled_to_unit_range():
+    image = np.random.default_rng(1).integers(0, 256, size=(5, 6, 3)).astype(np.uint8)
+    a = HorseFeatures().transform([image])[0]
+    b = HorseFeatures().transform([image / 255.0])[0]
+    np.testing.assert_allclose(a.node_features, b.node_features)
+    np.testing.assert_array_equal(a.edge_features, b.edge_features)
+
+
+# ---------------------------------------------------------------------------
+# Denoising features
+
+
+def test_denoising_features_values():
+    image = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]])
+    [sample] = DenoisingFeatures().transform([image])
+    assert isinstance(sample, CRFSample)
+    assert sample.grid_shape == (2, 3) and sample.image_shape == (2, 3)
+    np.testing.assert_array_equal(sample.edges, grid_edges(2, 3))
+    np.testing.assert_allclose(sample.node_features, np.c_[np.ones(6), image.ravel()])
+    # 2 rows x 2 horizontal edges, then 3 vertical edges
+    expected = np.array([[1, 0]] * 4 + [[0, 1]] * 3, dtype=float)
+    np.testing.assert_array_equal(sample.edge_features, expected)
+
+
+def test_denoising_colour_input_is_grey():
+    from skimage.color import rgb2gray
+
+    image = _rng_image((4, 5, 3))
+    [sample] = DenoisingFeatures().transform([image])
+    np.testing.assert_allclose(sample.node_features[:, 1], rgb2gray(image).ravel())
+
+
+# ---------------------------------------------------------------------------
+# Horse / background features
+
+
+@pytest.mark.parametrize(
+    "cls, n_edge", [(HorseFeatures, 42), (BackgroundFeatures, 22), (DenoisingFeatures, 2)]
+)
+def test_feature_shapes(cls, n_edge):
+    images = [_rng_image((9, 13, 3)), _rng_image((20, 11))]
+    samples = cls(scale=1.0).transform(images)
+    n_unary = 2 if cls is DenoisingFeatures else 100
+    for image, sample in zip(images, samples):
+        h, w = image.shape[:2]
+        assert sample.node_features.shape == (h * w, n_unary)
+        assert sample.edges.shape == (h * (w - 1) + (h - 1) * w, 2)
+        assert sample.edge_features.shape == (sample.edges.shape[0], n_edge)
+        assert sample.grid_shape == (h, w) and sample.image_shape == (h, w)
+        assert np.all(np.isfinite(sample.node_features))
+
+
+def test_default_thresholds_are_the_toolbox_values():
+    np.testing.assert_allclose(RGB_THRESHOLDS, 0.05 * np.arange(1, 11))
+    np.testing.assert_allclose(SOBEL_THRESHOLDS, 0.02 * np.arange(1, 11))
+    assert HorseFeatures().hog_orientations * HorseFeatures().hog_block_size**2 == 36
+    assert BackgroundFeatures().scale == 0.2 and HorseFeatures().scale == 1.0
+
+
+def test_fourier_expansion_against_direct_formula():
+    image = _rng_image((3, 4, 3), seed=3)
+    [sample] = HorseFeatures().transform([image])
+    h, w = 3, 4
+    for r, c in itertools.product(range(h), range(w)):
+        s = np.array([*image[r, c], (r + 0.5) / h, (c + 0.5) / w])
+        expected_cos, expected_sin = [], []
+        for bits in itertools.product((0, 1), repeat=5):
+            dot = sum(b * v for b, v in zip(bits, s))
+            expected_cos.append(np.cos(np.pi * dot))
+            expected_sin.append(np.sin(np.pi * dot))
+        np.testing.assert_allclose(sample.node_features[r * w + c, :64], expected_cos + expected_sin, atol=1e-12)
+    # fourier_scale is honoured; column 0 is the constant, column 32 is zero
+    s = np.random.default_rng(0).uniform(size=(7, 5))
+    np.testing.assert_allclose(fourier_features(s, 1.0)[:, 3], np.cos(s @ binary_vectors(5)[3]))
+    np.testing.assert_allclose(fourier_features(s)[:, 0], 1.0)
+    np.testing.assert_allclose(fourier_features(s)[:, 32], 0.0)
+
+
+def test_hand_made_rgb_thresholds_and_halves():
+    # 2 x 2 image: top row differs by 0.12 in red, left column by 0.32 in green
+    image = np.zeros((2, 2, 3))
+    image[0, 1, 0] = 0.12
+    image[1, 0, 1] = 0.32
+    image[1, 1, 1] = 0.32
+    [sample] = BackgroundFeatures(scale=1.0).transform([image])
+    ef = sample.edge_features
+    assert ef.shape == (4, 22)
+    # edges: horizontal (0,1), (2,3); vertical (0,2), (1,3)
+    np.testing.assert_array_equal(sample.edges, [[0, 1], [2, 3], [0, 2], [1, 3]])
+    diff_01 = np.array(RGB_THRESHOLDS) < 0.12
+    diff_13 = np.array(RGB_THRESHOLDS) < np.hypot(0.12, 0.32)
+    diff_02 = np.array(RGB_THRESHOLDS) < 0.32
+    np.testing.assert_array_equal(ef[0, :11], np.r_[1, diff_01])  # horizontal (0,1)
+    np.testing.assert_array_equal(ef[1, :11], np.r_[1, np.zeros(10)])  # horizontal (2,3): equal pixels
+    np.testing.assert_array_equal(ef[2, 11:], np.r_[1, diff_02])  # vertical (0,2)
+    np.testing.assert_array_equal(ef[3, 11:], np.r_[1, diff_13])  # vertical (1,3)
+    assert not ef[:2, 11:].any() and not ef[2:, :11].any()
+    assert diff_01.sum() == 2 and diff_02.sum() == 6
+
+
+def test_sobel_magnitude_scale_and_thresholds():
+    # A horizontal ramp of slope 0.03 per pixel: |grad I| = 0.03 in the interior.
+    ramp = np.tile(0.03 * np.arange(12.0), (10, 1))
+    g = sobel_magnitude(ramp)
+    np.testing.assert_allclose(g[2:-2, 2:-2], 0.03)
+    np.testing.assert_allclose(sobel_magnitude(np.dstack([ramp] * 3))[2:-2, 2:-2], 0.03)
+
+    image = np.dstack([ramp] * 3)
+    [sample] = HorseFeatures().transform([image])
+    ef = sample.edge_features
+    edges = sample.edges
+    horizontal = edge_orientation((10, 12)) == 0
+    strongest = np.maximum(g.ravel()[edges[:, 0]], g.ravel()[edges[:, 1]])
+    expected = strongest[:, None] > np.array(SOBEL_THRESHOLDS)[None, :]
+    np.testing.assert_array_equal(ef[horizontal, 11:21], expected[horizontal])
+    np.testing.assert_array_equal(ef[~horizontal, 32:42], expected[~horizontal])
+    # interior edges: 0.03 exceeds only the first threshold (0.02)
+    interior = (strongest > 0.0299) & (strongest < 0.0301)
+    assert interior.any()
+    np.testing.assert_array_equal(ef[interior & horizontal, 11:21], np.r_[1, np.zeros(9)][None].repeat((interior & horizontal).sum(), 0))
+    # rgb difference of neighbours along a row: sqrt(3) * 0.03 ~ 0.052 > 0.05 only
+    np.testing.assert_array_equal(ef[horizontal, 1:11].sum(axis=1), 1)
+    assert not ef[~horizontal, 22:32].any()  # rows are equal: no vertical difference
+
+
+def test_split_by_orientation():
+    base = np.arange(1.0, 1 + 7 * 2).reshape(7, 2)  # grid 2 x 3: 4 horizontal, 3 vertical
+    out = split_by_orientation(base, (2, 3))
+    np.testing.assert_array_equal(out[:4, :2], base[:4])
+    np.testing.assert_array_equal(out[4:, 2:], base[4:])
+    assert not out[:4, 2:].any() and not out[4:, :2].any()
+    with pytest.raises(ValueError, match="edges"):
+        split_by_orientation(base, (3, 3))
+
+
+def test_dense_hog_layout():
+    from skimage.feature import hog
+
+    rng = np.random.default_rng(0)
+    image = rng.uniform(size=(16, 24))
+    cell = 4
+    dense = dense_hog(image, orientations=9, cell_size=cell, block_size=2)
+    assert dense.shape == (16, 24, 36)
+    blocks = hog(
+        np.pad(image, cell, mode="symmetric"),
+        orientations=9,
+        pixels_per_cell=(cell, cell),
+        cells_per_block=(2, 2),
+        feature_vector=False,
+    ).reshape(16 // cell + 1, 24 // cell + 1, 36)
+    # pixel (y, x) sits at block coordinates ((y + .5) / cell, (x + .5) / cell):
+    # pixels (2, 6) -> (0.625, 1.625): bilinear between blocks (0..1, 1..2)
+    fy, fx = 0.625, 0.625
+    expected = (
+        (1 - fy) * (1 - fx) * blocks[0, 1]
+        + (1 - fy) * fx * blocks[0, 2]
+        + fy * (1 - fx) * blocks[1, 1]
+        + fy * fx * blocks[1, 2]
+    )
+    np.testing.assert_allclose(dense[2, 6], expected, atol=1e-12)
+    # a constant image has no gradients; a tiny image still gets descriptors
+    np.testing.assert_allclose(dense_hog(np.full((10, 10), 0.5)), 0.0)
+    assert dense_hog(rng.uniform(size=(3, 2, 3))).shape == (3, 2, 36)
+    assert dense_hog(image, orientations=6, cell_size=4, block_size=3).shape == (16, 24, 54)
+
+
+# ---------------------------------------------------------------------------
+# Resolution
+
+
+def test_scale_reduces_the_grid_and_keeps_the_image_shape():
+    image = _rng_image((25, 35, 3))
+    [sample] = BackgroundFeatures().transform([image])  # scale 0.2
+    assert sample.grid_shape == (5, 7) and sample.image_shape == (25, 35)
+    assert sample.node_features.shape == (35, 100)
+    np.testing.assert_array_equal(sample.edges, grid_edges(5, 7))
+    assert sample.edge_features.shape == (len(grid_edges(5, 7)), 22)
+    # the constant Fourier feature survives the averaging
+    np.testing.assert_allclose(sample.node_features[:, 0], 1.0)
+    # marginals come back at image size, labels at image size go to the grid
+    marginals = np.full((35, 3), 1 / 3)
+    assert marginals_to_image(marginals, sample).shape == (25, 35, 3)
+    assert labels_to_grid(np.zeros((25, 35), int), sample).shape == (35,)
+
+    [half] = HorseFeatures(scale=0.5).transform([image])
+    assert half.grid_shape == (12, 18) and half.image_shape == (25, 35)
+    assert half.edge_features.shape == (len(grid_edges(12, 18)), 42)
+
+
+def test_scale_averages_unary_features():
+    from skimage.transform import resize
+
+    image = _rng_image((20, 30))
+    [full] = DenoisingFeatures().transform([image])
+    [reduced] = DenoisingFeatures(scale=0.5).transform([image])
+    assert reduced.grid_shape == (10, 15)
+    expected = resize(image, (10, 15), order=1, anti_aliasing=True, mode="edge")
+    np.testing.assert_allclose(reduced.node_features[:, 1], expected.ravel())
+    assert abs(reduced.node_features[:, 1].mean() - full.node_features[:, 1].mean()) < 0.02
+    np.testing.assert_array_equal(reduced.edge_features, split_by_orientation(np.ones((len(reduced.edges), 1)), (10, 15)))
+
+
+def test_n_jobs_gives_the_same_samples():
+    images = [_rng_image((8, 9, 3), seed=s) for s in range(3)]
+    a = HorseFeatures().transform(images)
+    b = HorseFeatures(n_jobs=2).transform(images)
+    for sa, sb in zip(a, b):
+        assert sa.grid_shape == sb.grid_shape and sa.image_shape == sb.image_shape
+        for x, y in zip(sa, sb):
+            np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------------------
+# Combining
+
+
+def test_combined_features():
+    images = [_rng_image((6, 8, 3)), _rng_image((5, 5, 3))]
+    combined = CombinedFeatures(unary=HorseFeatures(), edge=DenoisingFeatures())
+    samples = combined.transform(images)  # stateless parts: no fit needed
+    horse = HorseFeatures().transform(images)
+    for sample, h in zip(samples, horse):
+        np.testing.assert_array_equal(sample.node_features, h.node_features)
+        assert sample.edge_features.shape == (len(sample.edges), 2)
+        assert sample.grid_shape == h.grid_shape and sample.image_shape == h.image_shape
+
+    both = CombinedFeatures(unary=[DenoisingFeatures(), HorseFeatures()], edge=[BackgroundFeatures(scale=1.0), DenoisingFeatures()])
+    [sample] = both.fit(images[:1]).transform(images[:1])
+    assert sample.node_features.shape == (48, 102)
+    assert sample.edge_features.shape == (len(grid_edges(6, 8)), 24)
+    assert hasattr(both, "unary_transformers_")
+
+    # nested parameters are reachable, as in GridSearchCV
+    assert combined.get_params()["unary__hog_cell_size"] == 8
+    combined.set_params(unary__hog_cell_size=4)
+    assert combined.unary.hog_cell_size == 4
+    assert get_tags(combined).requires_fit is False
+    check_no_attributes_set_in_init("CombinedFeatures", CombinedFeatures(DenoisingFeatures(), DenoisingFeatures()))
+
+    with pytest.raises(ValueError, match="same scale"):
+        CombinedFeatures(unary=BackgroundFeatures(), edge=DenoisingFeatures()).transform(images)
+    with pytest.raises(TypeError, match="transformer"):
+        CombinedFeatures(unary="hog", edge=DenoisingFeatures()).transform(images)
+    with pytest.raises(ValueError, match="at least one"):
+        combine_samples([], [DenoisingFeatures().transform(images)])
+
+
+# ---------------------------------------------------------------------------
+# Pipeline with MarginalCRF
+
+
+def _marginal_crf():
+    try:
+        from sklearn_margcrf.estimator import MarginalCRF
+    except ImportError as exc:  # the estimator is written in another issue
+        pytest.skip(f"sklearn_margcrf.estimator.MarginalCRF is not importable yet: {exc}")
+    return MarginalCRF
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_pipeline_round_trip_denoising():
+    from sklearn.pipeline import make_pipeline
+
+    from sklearn_margcrf.datasets import make_denoising_problem
+
+    MarginalCRF = _marginal_crf()
+    images, labels = make_denoising_problem(3, shape=(10, 12), noise=5, random_state=0)
+    model = make_pipeline(DenoisingFeatures(), MarginalCRF(n_iter=5, max_iter=10))
+    model.fit(images[:2], labels[:2])
+    proba = model.predict_proba(images[2:])
+    assert proba[0].shape == (10, 12, 2)
+    np.testing.assert_allclose(proba[0].sum(axis=-1), 1.0)
+    predicted = model.predict(images[2:])
+    assert predicted[0].shape == (10, 12)
+    # noise level 5 is easy: even a short fit labels most pixels right
+    assert np.mean(predicted[0] == labels[2]) > 0.8
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_pipeline_round_trip_reduced_resolution_with_hidden_labels():
+    from sklearn.pipeline import make_pipeline
+
+    MarginalCRF = _marginal_crf()
+    rng = np.random.default_rng(0)
+    images = [rng.uniform(size=(20, 25, 3)) for _ in range(3)]
+    labels = [rng.integers(-1, 3, size=(20, 25)) for _ in range(3)]  # image size, -1 hidden
+    model = make_pipeline(BackgroundFeatures(scale=0.4), MarginalCRF(n_iter=3, max_iter=3, n_states=3))
+    model.fit(images, labels)
+    proba = model.predict_proba(images[:1])[0]
+    assert proba.shape == (20, 25, 3)  # at the image's own size
+    np.testing.assert_allclose(proba.sum(axis=-1), 1.0)
+    assert model.predict(images[:1])[0].shape == (20, 25)
