@@ -463,8 +463,8 @@ class MarginalCRF(BaseEstimator):
         Start from the weights of the previous fit (when their shapes match)
         instead of ``init``.
     random_state : int, RandomState instance or None, default=None
-        Accepted for API compatibility; the fit is deterministic and does not
-        draw random numbers.
+        Draws the image subsets of the ``incremental`` schedule; nothing else
+        in the fit is random.
     sides : {1, 2, 4}, default=2
         Finite differences of the perturbation gradient mode.
     multiplier : float, default=1.0
@@ -477,6 +477,12 @@ class MarginalCRF(BaseEstimator):
     max_restarts : int, default=5
         How many times L-BFGS is restarted after an abnormal line search (a
         bad search direction, common with approximate gradients).
+    incremental : int or None, default=None
+        The paper's incremental procedure for large data sets: fit a random
+        subset of ``incremental`` images with ``max_iter`` iterations, then
+        repeatedly double the number of images and halve the number of
+        iterations, each stage starting from the previous weights, until all
+        images are used. None fits all images at once.
 
     Attributes
     ----------
@@ -490,11 +496,13 @@ class MarginalCRF(BaseEstimator):
         ``arange(n_states_)``.
     n_node_features_, n_edge_features_ : int
     n_iter_ : int
-        L-BFGS iterations of the final fit (over its restarts).
+        L-BFGS iterations of the final fit (over its restarts and
+        ``incremental`` stages; not counting the initialising fits).
     n_restarts_ : int
         L-BFGS restarts of the final fit.
     loss_curve_ : list of float
-        Objective after each L-BFGS iteration of the final fit.
+        Objective after each L-BFGS iteration of the final fit (stages of
+        ``incremental`` one after the other, each on its own subset).
     fit_time_ : float
         Wall-clock seconds of ``fit`` (including the initialising fits).
     kernel_time_ : float
@@ -530,6 +538,7 @@ class MarginalCRF(BaseEstimator):
         "inference_max_iter": [Interval(Integral, 1, None, closed="left")],
         "lbfgs_tol": [Interval(Real, 0, None, closed="left")],
         "max_restarts": [Interval(Integral, 0, None, closed="left")],
+        "incremental": [None, Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -555,6 +564,7 @@ class MarginalCRF(BaseEstimator):
         inference_max_iter=1000,
         lbfgs_tol=1e-6,
         max_restarts=5,
+        incremental=None,
     ):
         self.loss = loss
         self.inference = inference
@@ -576,6 +586,7 @@ class MarginalCRF(BaseEstimator):
         self.inference_max_iter = inference_max_iter
         self.lbfgs_tol = lbfgs_tol
         self.max_restarts = max_restarts
+        self.incremental = incremental
 
     # -- scikit-learn plumbing ------------------------------------------------
 
@@ -631,6 +642,27 @@ class MarginalCRF(BaseEstimator):
             "max_iter": int(self.inference_max_iter),
             "rho": self.rho if inference == "trw" else None,
         }
+
+    def _stages(self, n_samples):
+        """(image indices, L-BFGS iterations) of each stage of the fit.
+
+        Without ``incremental``: all images, ``max_iter``. With it, the paper's
+        incremental procedure (Stanford backgrounds experiment): a random
+        subset of ``incremental`` images first, then the number of images is
+        doubled and the number of iterations halved until all images are used.
+        """
+        if self.incremental is None or self.incremental >= n_samples:
+            return [(list(range(n_samples)), int(self.max_iter))]
+        order = check_random_state(self.random_state).permutation(n_samples)
+        stages = []
+        size, iterations = int(self.incremental), int(self.max_iter)
+        while True:
+            size = min(size, n_samples)
+            stages.append((sorted(order[:size].tolist()), max(iterations, 1 if self.max_iter else 0)))
+            if size == n_samples:
+                return stages
+            size *= 2
+            iterations //= 2
 
     def _n_chunks(self, n_samples):
         try:
@@ -692,43 +724,59 @@ class MarginalCRF(BaseEstimator):
         else:
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
-        costs = [s.n_nodes + s.n_edges for s in samples]
-        groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
-        chunks = [_pack(samples, labels, g) for g in groups]
-        fast_logistic = None
-        if not warm and self.init == "independent":
-            if not (self.inference == "independent" and self.loss == "univariate_logistic"):
-                self._log("init: fitting the independent model (univariate logistic)")
-                fast_logistic = _LogisticData(samples, labels)
-                unary_coef, _ = self._minimize(
-                    lambda w: fast_logistic.loss_grad(w, shape_f, n_labelled, self.reg),
-                    unary_coef.ravel(), "independent", stats,
-                )
-                unary_coef = unary_coef.reshape(shape_f)
+        fast_path = self.inference == "independent" and self.loss == "univariate_logistic"
+        if not warm and self.init == "independent" and not fast_path:
+            self._log("init: fitting the independent model (univariate logistic)")
+            data = _LogisticData(samples, labels)
+            unary_coef, _ = self._minimize(
+                lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg),
+                unary_coef.ravel(), "independent", stats, int(self.max_iter),
+            )
+            unary_coef = unary_coef.reshape(shape_f)
+        surrogate_start = (
+            not warm
+            and self.init == "independent"
+            and self.loss == "smooth_classification"
+            and self.inference != "independent"
+        )
 
-        with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
-            if (
-                not warm
-                and self.init == "independent"
-                and self.loss == "smooth_classification"
-                and self.inference != "independent"
-            ):
-                self._log("init: fitting surrogate likelihood")
-                config = self._config("surrogate_likelihood", self.inference, n_states)
-                (unary_coef, pairwise_coef), _ = self._fit_weights(
-                    pmap, config, unary_coef, pairwise_coef, n_labelled, "surrogate_likelihood", stats
+        info = {"n_iter": 0, "n_restarts": 0, "loss_curve": []}
+        stages = self._stages(len(samples))
+        for stage, (indices, stage_max_iter) in enumerate(stages):
+            last = stage == len(stages) - 1
+            stage_samples = [samples[k] for k in indices]
+            stage_labels = [labels[k] for k in indices]
+            stage_labelled = int(sum(np.count_nonzero(lab >= 0) for lab in stage_labels))
+            if stage_labelled == 0:
+                continue
+            name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
+            if fast_path:
+                data = _LogisticData(stage_samples, stage_labels)
+                w, stage_info = self._minimize(
+                    lambda w: data.loss_grad(w, shape_f, stage_labelled, self.reg),
+                    unary_coef.ravel(), name, stats, stage_max_iter, last,
                 )
-            config = self._config(self.loss, self.inference, n_states)
-            if self.inference == "independent" and self.loss == "univariate_logistic":
-                data = fast_logistic if fast_logistic is not None else _LogisticData(samples, labels)
-                w, info = self._minimize(
-                    lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg), unary_coef.ravel(), "fit", stats
-                )
-                unary_coef, pairwise_coef = w.reshape(shape_f), np.zeros(shape_g)
+                unary_coef = w.reshape(shape_f)
             else:
-                (unary_coef, pairwise_coef), info = self._fit_weights(
-                    pmap, config, unary_coef, pairwise_coef, n_labelled, "fit", stats
-                )
+                costs = [s.n_nodes + s.n_edges for s in stage_samples]
+                groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
+                chunks = [_pack(stage_samples, stage_labels, g) for g in groups]
+                with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
+                    if surrogate_start:
+                        self._log("init: fitting surrogate likelihood")
+                        config = self._config("surrogate_likelihood", self.inference, n_states)
+                        (unary_coef, pairwise_coef), _ = self._fit_weights(
+                            pmap, config, unary_coef, pairwise_coef, stage_labelled,
+                            "surrogate_likelihood", stats, stage_max_iter,
+                        )
+                        surrogate_start = False
+                    config = self._config(self.loss, self.inference, n_states)
+                    (unary_coef, pairwise_coef), stage_info = self._fit_weights(
+                        pmap, config, unary_coef, pairwise_coef, stage_labelled, name, stats, stage_max_iter, last
+                    )
+            info["n_iter"] += stage_info["n_iter"]
+            info["n_restarts"] += stage_info["n_restarts"]
+            info["loss_curve"] += stage_info["loss_curve"]
 
         self.unary_coef_ = unary_coef
         self.pairwise_coef_ = pairwise_coef
@@ -743,7 +791,7 @@ class MarginalCRF(BaseEstimator):
         self.fit_time_ = time.perf_counter() - start
         return self
 
-    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_labelled, stage, stats):
+    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_labelled, stage, stats, max_iter, warn=True):
         """Minimise the objective of ``config`` over (F, G) from the given start."""
         shape_f, shape_g = unary_coef.shape, pairwise_coef.shape
         size_f = unary_coef.size
@@ -772,14 +820,13 @@ class MarginalCRF(BaseEstimator):
             return value, grad
 
         w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
-        w, info = self._minimize(objective, w0, stage, stats)
+        w, info = self._minimize(objective, w0, stage, stats, max_iter, warn)
         F = w[:size_f].reshape(shape_f).copy()
         G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
         return (F, G), info
 
-    def _minimize(self, objective, w0, stage, stats):
+    def _minimize(self, objective, w0, stage, stats, max_iter, warn=True):
         """L-BFGS-B with restarts after an abnormal line search."""
-        max_iter = int(self.max_iter)
         last = {"x": None, "f": np.nan, "g": None}
         curve = []
 
@@ -816,7 +863,7 @@ class MarginalCRF(BaseEstimator):
                 self._log(f"{stage}: L-BFGS stopped ({result.message}); restart {n_restarts}")
                 continue
             break
-        if result is not None and result.status != 0:
+        if warn and result is not None and result.status != 0:
             if n_iter >= max_iter:
                 message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
             else:

@@ -152,6 +152,16 @@ def test_independent_fast_path_agrees_with_loss_and_grad():
     np.testing.assert_allclose(grad, sum(g for _, g, _ in out).ravel() / n_labelled, atol=1e-10)
 
 
+def test_independent_model_through_loss_and_grad_matches_fast_path():
+    # With no edges the surrogate likelihood is the exact likelihood, i.e. the
+    # univariate logistic loss: both routes must find the same weights.
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    params = dict(inference="independent", max_iter=200, lbfgs_tol=1e-9, init="zeros")
+    fast = MarginalCRF(**params).fit(X, y)
+    generic = MarginalCRF(loss="surrogate_likelihood", **params).fit(X, y)
+    np.testing.assert_allclose(generic.unary_coef_, fast.unary_coef_, atol=1e-5)
+
+
 def test_fitted_attributes():
     X, y = make_structured_data(n_states=3)
     estimator = fit_quietly(MarginalCRF(**FAST), X, y)
@@ -241,6 +251,32 @@ def test_lbfgs_restarts_after_abnormal_line_search(monkeypatch):
     assert estimator.n_restarts_ == 1
     assert calls == [50, 48]
     assert estimator.n_iter_ > 2
+
+
+def test_incremental_schedule_doubles_images_and_halves_iterations(monkeypatch):
+    X, y = make_structured_data(n_samples=7)
+    estimator = MarginalCRF(incremental=2, max_iter=8, random_state=0)
+    stages = estimator._stages(len(X))
+    assert [len(indices) for indices, _ in stages] == [2, 4, 7]
+    assert [iterations for _, iterations in stages] == [8, 4, 2]
+    assert set(stages[0][0]) <= set(stages[1][0])
+    assert stages == MarginalCRF(incremental=2, max_iter=8, random_state=0)._stages(7)
+    seen = []
+    real = estimator_module._chunk_loss_grad
+
+    def spy(chunk, F, G, config):
+        seen.append(len(chunk["index"]))
+        return real(chunk, F, G, config)
+
+    monkeypatch.setattr(estimator_module, "_chunk_loss_grad", spy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.set_params(n_iter=2, n_jobs=1, init="zeros").fit(X, y)
+    assert seen[0] == 2 and seen[-1] == 7 and 4 in seen
+    # intermediate stages stop at their iteration cap without a warning
+    assert not any("images]" in str(w.message) for w in caught)
+    assert estimator.n_iter_ == len(estimator.loss_curve_) <= 8 + 4 + 2
+    assert MarginalCRF(incremental=10)._stages(7) == [(list(range(7)), 200)]
 
 
 def test_verbose_reports_objective_gradient_and_time(capsys):
