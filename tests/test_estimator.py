@@ -382,9 +382,12 @@ def test_pipeline_in_grid_search_over_loss_and_inference():
 
 
 def make_denoising(n_images, size=24, noise=1.25, seed=0):
-    """Piecewise-constant binary images (XOR of rectangles) and the paper's
-    noise y = x (1 - t^n) + (1 - x) t^n; unary features [1, y], edge features
-    [horizontal, vertical]."""
+    """Piecewise-constant binary images (a 2 x 2 checkerboard of blocks with a
+    random rectangle flipped: about half the pixels are 1) and the paper's
+    noise y = x (1 - t^n) + (1 - x) t^n with t uniform; unary features [1, y],
+    edge features [horizontal, vertical]. The best independent classifier
+    thresholds y at 1/2 and errs on P(t^n > 1/2) = 1 - 2^(-1/n), 43% for
+    n = 1.25."""
     rng = np.random.default_rng(seed)
     edges = grid_edges(size, size)
     n_horizontal = size * (size - 1)
@@ -392,12 +395,12 @@ def make_denoising(n_images, size=24, noise=1.25, seed=0):
     edge_features[:n_horizontal, 0] = 1
     edge_features[n_horizontal:, 1] = 1
     X, y = [], []
-    for _ in range(n_images):
-        x = np.zeros((size, size), dtype=np.int64)
-        for _ in range(3):
-            h, w = rng.integers(size // 4, size // 2 + 1, size=2)
-            r0, c0 = rng.integers(0, size - h + 1), rng.integers(0, size - w + 1)
-            x[r0 : r0 + h, c0 : c0 + w] ^= 1
+    for k in range(n_images):
+        blocks = np.array([[0, 1], [1, 0]]) ^ (k % 2)
+        x = np.kron(blocks, np.ones((size // 2, size // 2), dtype=np.int64))
+        h, w = rng.integers(size // 4, size // 2 + 1, size=2)
+        r0, c0 = rng.integers(0, size - h + 1), rng.integers(0, size - w + 1)
+        x[r0 : r0 + h, c0 : c0 + w] ^= 1
         t = rng.uniform(size=x.shape)
         noisy = x * (1 - t**noise) + (1 - x) * t**noise
         node_features = np.stack([np.ones(x.size), noisy.ravel()], axis=1)
@@ -411,8 +414,8 @@ DENOISING_LOSSES = ["univariate_logistic", "clique_logistic", "univariate_quadra
 
 @pytest.fixture(scope="module")
 def denoising_scores():
-    """Test accuracy of each model on 4 + 4 noisy 24 x 24 images (n = 1.25)."""
-    (X, y), (X_test, y_test) = make_denoising(4, seed=0), make_denoising(4, seed=1)
+    """Train and test accuracy of each model on 8 + 8 noisy 24 x 24 images (n = 1.25)."""
+    (X, y), (X_test, y_test) = make_denoising(8, seed=0), make_denoising(8, seed=1)
     models = {"independent": MarginalCRF(inference="independent")}
     for loss in ["surrogate_likelihood"] + DENOISING_LOSSES:
         models[loss] = MarginalCRF(loss=loss, n_iter=10, max_iter=25)
@@ -426,8 +429,9 @@ def denoising_scores():
 def test_denoising_trw_beats_independent_by_a_wide_margin(denoising_scores):
     train, test = denoising_scores["univariate_logistic"]
     train_independent, test_independent = denoising_scores["independent"]
-    assert test > test_independent + 0.05
-    assert train > train_independent + 0.05
+    assert test_independent < 0.65  # close to the best independent rate, 0.57
+    assert test > test_independent + 0.1
+    assert train > train_independent + 0.1
 
 
 @pytest.mark.parametrize("loss", DENOISING_LOSSES)
