@@ -1,0 +1,98 @@
+"""Gradient speed and memory: truncated TRW (20 iterations) + back TRW.
+
+200 x 300 4-connected grid, theta uniform in [-1, 1], rho = 0.5, K = 2 and 8,
+single thread, univariate logistic loss L = -sum_i log mu_i(label_i) with
+random labels (dL/dmu_i(x) = -[x = label_i] / mu_i(x)).
+
+Prints, for each K, the best of several runs (after a warm-up call that
+compiles the kernels) of
+  - the forward pass alone (trw_forward, n_iter=20),
+  - forward with keep_stack=True plus trw_backward(mode="truncated"),
+and the peak extra memory of forward(keep_stack) + backward: the tracemalloc
+peak (every numpy allocation) plus the one array the backward kernel allocates
+itself (the adjoint messages, 2E*K floats; numba's allocations are invisible
+to tracemalloc), and the stack's own size.
+
+The machine is shared (other processes compete for its 2 cores), so both the
+minimum wall time and the minimum CPU time (time.process_time) are shown;
+the CPU time is the steadier figure.
+
+    python benchmarks/bench_gradients.py [--repeat R] [--iters N]
+"""
+
+import argparse
+import os
+import sys
+import time
+import tracemalloc
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from sklearn_margcrf._graph import grid_edges  # noqa: E402
+from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
+
+
+def best_time(fn, repeat):
+    fn()  # warm-up (compilation)
+    wall, cpu = [], []
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), min(cpu)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--height", type=int, default=200)
+    parser.add_argument("--width", type=int, default=300)
+    args = parser.parse_args()
+
+    edges = grid_edges(args.height, args.width)
+    n, E = args.height * args.width, edges.shape[0]
+    rho = np.full(E, 0.5)
+    N = args.iters
+    print(f"grid {args.height}x{args.width}: n={n}, E={E}, truncated TRW with {N} iterations, rho=0.5, "
+          f"univariate logistic loss; best of {args.repeat} runs (shared machine: minimum wall / CPU time)")
+    for K in (2, 8):
+        rng = np.random.default_rng(0)
+        unary = rng.uniform(-1, 1, size=(n, K))
+        pairwise = rng.uniform(-1, 1, size=(E, K, K))
+        labels = rng.integers(0, K, size=n)
+        rows = np.arange(n)
+
+        def forward_only():
+            return trw_forward(edges, unary, pairwise, rho, n_iter=N)
+
+        def forward_backward():
+            state = trw_forward(edges, unary, pairwise, rho, n_iter=N, keep_stack=True)
+            mu = state.unary_marginals
+            loss = -np.log(mu[rows, labels]).sum()
+            g_mu = np.zeros_like(mu)
+            g_mu[rows, labels] = -1.0 / mu[rows, labels]
+            g_unary, g_pairwise = trw_backward(state, g_mu, None, mode="truncated")
+            return loss, g_unary, g_pairwise
+
+        wf, cf = best_time(forward_only, args.repeat)
+        wb, cb = best_time(forward_backward, args.repeat)
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+        forward_backward()
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        kernel_scratch = 2 * E * K * 8
+        stack_bytes = N * 2 * E * K * 8
+        print(f"K={K}: forward {wf:.4f} s wall / {cf:.4f} s CPU;  forward(keep_stack)+backward "
+              f"{wb:.4f} s wall / {cb:.4f} s CPU;  peak extra memory {(peak + kernel_scratch) / 2**20:.1f} MiB "
+              f"(tracemalloc {peak / 2**20:.1f} MiB + kernel adjoints {kernel_scratch / 2**20:.1f} MiB; "
+              f"stack alone {stack_bytes / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

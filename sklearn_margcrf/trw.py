@@ -1,0 +1,1053 @@
+"""Tree-reweighted belief propagation (TRW) and back TRW.
+
+Loopy belief propagation is the special case ``rho = 1`` on every edge.
+
+Messages and marginals (paper, Eq. "TRW-msgs" and Theorem "TRW Updates")
+-----------------------------------------------------------------------
+For edge ``c = (i, j)`` the message into ``i`` is ::
+
+    m_c(x_i) ∝ sum_{x_j} exp(theta_c(x_i, x_j) / rho_c) A_cj(x_j),
+    A_cj(x_j) = exp(theta_j(x_j)) prod_{d ∋ j} m_d(x_j)^rho_d / m_c(x_j),
+
+(``A_cj`` is the "cavity" of ``j`` with respect to ``c``) and the marginals are ::
+
+    mu_c(x_i, x_j) ∝ exp(theta_c / rho_c) A_ci(x_i) A_cj(x_j),
+    mu_i(x_i)      ∝ exp(theta_i(x_i)) prod_{d ∋ i} m_d(x_i)^rho_d.
+
+``TRWState.messages[e, s]`` is the message from edge ``e`` into node
+``edges[e, s]``, normalised to sum to one.
+
+Schedule
+--------
+Messages start uniform (``1 / K``). One iteration updates every message exactly
+once, in this fixed order:
+
+1. forward sweep, ``e = 0, 1, ..., E - 1``: update the message into
+   ``edges[e, 1]`` (sent by ``edges[e, 0]``);
+2. backward sweep, ``e = E - 1, ..., 1, 0``: update the message into
+   ``edges[e, 0]`` (sent by ``edges[e, 1]``).
+
+Updates are sequential (Gauss-Seidel: each sees every message updated before
+it). On the row-major ordering of :func:`sklearn_margcrf._graph.grid_edges`
+(horizontal edges row by row, then vertical edges) the forward sweep passes
+information rightwards along every row and then downwards along every column,
+and the backward sweep upwards and then leftwards, like the monotone-chain
+schedules of Meltzer et al.
+
+``n_iter = k`` runs exactly ``k`` iterations (``k = 0`` gives the marginals of
+uniform messages: ``softmax(unary)`` and the normalised
+``exp(theta_c / rho_c + theta_i + theta_j)``); ``n_iter = None`` iterates
+until the largest absolute change of any unary marginal over one iteration is
+below ``tol``, or ``max_iter`` iterations were run.
+
+Numerical stability
+-------------------
+- The potentials are tabulated once per call with a max shift:
+  ``exp((theta_c - max theta_c) / rho_c)`` and ``exp(theta_v - max theta_v)``,
+  so every table entry lies in ``[0, 1]`` and no ``exp`` is evaluated during
+  message passing. The shifts are constants that cancel in every
+  normalisation, so they change neither the result nor its gradient.
+- Messages are sum-normalised after every update and floored at
+  ``_MSG_FLOOR = 1e-300``: never zero, so every division by a message is
+  finite. Besides the messages we store their powers ``m ** rho`` (``sqrt``
+  for ``rho = 0.5``, nothing for ``rho = 1``, ``pow`` only for other ``rho``)
+  and their inverses, so an update costs products, sums and a few divisions.
+- If a normalising sum leaves ``[1e-200, 1e300]`` (underflow or overflow; only
+  for huge ``|theta|``), that one message (or marginal) is recomputed in the
+  log domain from the raw ``theta`` and the logs of the messages. This rare
+  fallback costs nothing when unused. The backward pass applies the same test
+  and the same fallback, so the gradient is the exact gradient of what the
+  forward pass computes, except where the message floor is active.
+
+Back TRW (paper, Algorithm "Back TRW" and Appendix C)
+------------------------------------------------------
+``trw_backward(mode="truncated")`` differentiates exactly the ``n_iter``
+iterations of a forward pass run with ``keep_stack=True``. The paper pushes
+every overwritten message on a stack; since each message is overwritten
+exactly once per iteration we keep one snapshot of all messages per iteration,
+``stack[t] = messages before iteration t`` (``n_iter * 2E * K`` floats, twice
+that when ``rho`` is neither all 1 nor all 0.5, where the powers ``m ** rho``
+are kept too so that the reverse pass needs no ``pow``). The reverse sweep
+kernels :func:`_reverse_sweep_k2` / :func:`_reverse_sweep_kk` follow step 8 of
+the Algorithm and :func:`_trw_backward_kernel` steps 6 and 7; comments give the
+step numbers.
+
+``trw_backward(mode="fixed_point")`` is the paper's "back-propagation" (Eaton
+and Ghahramani's back BP generalised to TRW): the messages are held at their
+converged values and reverse sweeps (step 8 without restoring messages) are
+repeated, accumulating the parameter adjoints, until the largest adjoint
+message is below ``tol``. At a fixed point every intermediate state of an
+iteration equals the fixed point, so each reverse sweep is the exact
+vector-Jacobian product of one iteration, and the sum over sweeps is the
+Neumann series of the implicit-function gradient.
+
+Implementation notes
+--------------------
+Messages are stored internally in "slot" order: slot ``k`` of the incidence
+structure (:func:`sklearn_margcrf._graph.incidence`, node by node) holds the
+message from edge ``incidence.edge[k]`` into its node, so the messages into a
+node are contiguous. The schedule is tabulated once per call (for each update:
+target slot, reverse slot, the sender's slot range and the sender), together
+with the potential tables in schedule order, so the kernels stream through
+them. ``K = 2`` has its own kernels with scalar arithmetic; every kernel
+allocates its scratch space once, outside the per-message loop.
+"""
+
+import math
+import warnings
+
+import numpy as np
+from numba import njit
+
+from ._backnorm import backnorm
+from ._graph import incidence
+
+__all__ = ["TRWState", "trw_forward", "trw_backward"]
+
+_MSG_FLOOR = 1e-300  # smallest message entry
+_TINY = 1e-200  # normalising sums below this use the log-domain path
+_HUGE = 1e300  # ... and so do sums above this
+_IM_FLOORED = 1.0 / _MSG_FLOOR  # inverse of a floored message entry
+
+# rho classes, chosen in Python, branched on in the kernels
+_RHO_GENERAL = 0  # m ** rho
+_RHO_ONE = 1  # m (loopy BP): the power array *is* the message array
+_RHO_HALF = 2  # sqrt(m)
+
+# Use the K = 2 kernels when K == 2 (tests switch this off to compare).
+_SPECIALISE_K2 = True
+
+_NO_STACK = np.empty((0, 0, 0))
+
+
+@njit(cache=True, inline="always")
+def _live(value, inv_message):
+    """``value`` unless the message entry whose inverse is ``inv_message`` sits
+    at the floor. A floored entry is a constant of the forward pass, so no
+    adjoint is accumulated for it (this keeps the backward pass finite and
+    exact for the floored forward: the adjoint of a floored entry is zero when
+    its update is reversed, step 8(b))."""
+    return value if inv_message < _IM_FLOORED else 0.0
+
+
+# ---------------------------------------------------------------------------
+# setup: tables in schedule order
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
+    """Max-shifted exponential tables.
+
+    ``eu[v, x] = exp(theta_v(x) - max theta_v)``; for schedule step ``st``
+    (forward sweep: ``st = c``, into ``j``; backward sweep: ``st = 2E-1-c``,
+    into ``i``), ``tabs[st, x_u, x_v] = exp((theta_c - max theta_c) / rho_c)``
+    at the states of the sender ``u`` and receiver ``v``, and
+    ``rsum[st, x_u] = sum_{x_v} tabs[st, x_u, x_v]``.
+    """
+    n, K = unary.shape
+    E = pairwise.shape[0]
+    for i in range(n):
+        top = unary[i, 0]
+        for x in range(1, K):
+            if unary[i, x] > top:
+                top = unary[i, x]
+        for x in range(K):
+            eu[i, x] = math.exp(unary[i, x] - top)
+    for c in range(E):
+        top = pairwise[c, 0, 0]
+        for a in range(K):
+            for b in range(K):
+                if pairwise[c, a, b] > top:
+                    top = pairwise[c, a, b]
+        inv_rho = 1.0 / rho[c]
+        back = 2 * E - 1 - c
+        for a in range(K):
+            for b in range(K):
+                v = math.exp((pairwise[c, a, b] - top) * inv_rho)
+                tabs[c, a, b] = v
+                tabs[back, b, a] = v
+    for st in range(2 * E):
+        for a in range(K):
+            acc = 0.0
+            for b in range(K):
+                acc += tabs[st, a, b]
+            rsum[st, a] = acc
+
+
+# ---------------------------------------------------------------------------
+# rare paths: log-domain recomputation (never inlined into the hot loops)
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _log_cavity(u, r, lo, hi, unary, rho_slot, M, out):
+    """``out[x] = log A(x) = theta_u(x) + sum_{k in slots(u)} rho_k log m_k(x) - log m_r(x)``."""
+    K = out.shape[0]
+    for x in range(K):
+        out[x] = unary[u, x] - math.log(M[r, x])
+    for k in range(lo, hi):
+        rk = rho_slot[k]
+        for x in range(K):
+            out[x] += rk * math.log(M[k, x])
+
+
+@njit(cache=True)
+def _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q):
+    """Normalised ``q[x_u, x_v] = s(x_c) / sum s`` of schedule step ``st``,
+    computed in the log domain from the raw parameters."""
+    K = cav.shape[0]
+    t = sched[st, 0]
+    r = sched[st, 1]
+    u = sched[st, 4]
+    c = slot_edge[t]
+    s = slot_side[t]
+    _log_cavity(u, r, sched[st, 2], sched[st, 3], unary, rho_slot, M, cav)
+    inv_rho = 1.0 / rho_sched[st]
+    top = -np.inf
+    for xu in range(K):
+        for xv in range(K):
+            if s == 1:
+                v = pairwise[c, xu, xv] * inv_rho + cav[xu]
+            else:
+                v = pairwise[c, xv, xu] * inv_rho + cav[xu]
+            q[xu, xv] = v
+            if v > top:
+                top = v
+    total = 0.0
+    for xu in range(K):
+        for xv in range(K):
+            q[xu, xv] = math.exp(q[xu, xv] - top)
+            total += q[xu, xv]
+    for xu in range(K):
+        for xv in range(K):
+            q[xu, xv] /= total
+
+
+@njit(cache=True)
+def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q):
+    """Log-domain version of the message update of step ``st`` (fallback)."""
+    K = cav.shape[0]
+    t = sched[st, 0]
+    _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
+    for xv in range(K):
+        m = 0.0
+        for xu in range(K):
+            m += q[xu, xv]
+        if m < _MSG_FLOOR:
+            m = _MSG_FLOOR
+        M[t, xv] = m
+        IM[t, xv] = 1.0 / m
+        if rho_mode == _RHO_HALF:
+            MP[t, xv] = math.sqrt(m)
+        elif rho_mode == _RHO_GENERAL:
+            MP[t, xv] = m ** rho_sched[st]
+        else:
+            MP[t, xv] = m
+
+
+# ---------------------------------------------------------------------------
+# marginals (Theorem "TRW Updates"; Algorithm "Back TRW" steps 3 and 4)
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u):
+    """mu_i ∝ exp(theta_i) prod_{d∋i} m_d^rho_d. Returns the number of fallbacks."""
+    n, K = mu_u.shape
+    n_fallback = 0
+    for i in range(n):
+        for x in range(K):
+            mu_u[i, x] = eu[i, x]
+        for k in range(ptr[i], ptr[i + 1]):
+            for x in range(K):
+                mu_u[i, x] *= MP[k, x]
+        total = 0.0
+        for x in range(K):
+            total += mu_u[i, x]
+        if total > _TINY and total < _HUGE:
+            inv = 1.0 / total
+            for x in range(K):
+                mu_u[i, x] *= inv
+            continue
+        n_fallback += 1
+        for x in range(K):
+            mu_u[i, x] = unary[i, x]
+        for k in range(ptr[i], ptr[i + 1]):
+            for x in range(K):
+                mu_u[i, x] += rho_slot[k] * math.log(M[k, x])
+        top = -np.inf
+        for x in range(K):
+            if mu_u[i, x] > top:
+                top = mu_u[i, x]
+        total = 0.0
+        for x in range(K):
+            mu_u[i, x] = math.exp(mu_u[i, x] - top)
+            total += mu_u[i, x]
+        for x in range(K):
+            mu_u[i, x] /= total
+    return n_fallback
+
+
+@njit(cache=True)
+def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p):
+    """mu_c ∝ exp(theta_c / rho_c) A_ci A_cj, ``mu_p`` (E, K*K) row-major in (x_i, x_j)."""
+    E = edges.shape[0]
+    K = eu.shape[1]
+    ai = np.empty(K)
+    aj = np.empty(K)
+    n_fallback = 0
+    for c in range(E):
+        i = edges[c, 0]
+        j = edges[c, 1]
+        a = slot_of[c, 0]  # message into i
+        b = slot_of[c, 1]  # message into j
+        for x in range(K):
+            ai[x] = eu[i, x]
+            aj[x] = eu[j, x]
+        for k in range(ptr[i], ptr[i + 1]):
+            for x in range(K):
+                ai[x] *= MP[k, x]
+        for k in range(ptr[j], ptr[j + 1]):
+            for x in range(K):
+                aj[x] *= MP[k, x]
+        for x in range(K):
+            ai[x] *= IM[a, x]
+            aj[x] *= IM[b, x]
+        total = 0.0
+        for xi in range(K):
+            for xj in range(K):
+                v = tabs[c, xi, xj] * ai[xi] * aj[xj]  # forward-sweep table = (x_i, x_j) layout
+                mu_p[c, xi * K + xj] = v
+                total += v
+        if total > _TINY and total < _HUGE:
+            inv = 1.0 / total
+            for k in range(K * K):
+                mu_p[c, k] *= inv
+            continue
+        n_fallback += 1
+        _log_cavity(i, a, ptr[i], ptr[i + 1], unary, rho_slot, M, ai)
+        _log_cavity(j, b, ptr[j], ptr[j + 1], unary, rho_slot, M, aj)
+        inv_rho = 1.0 / rho[c]
+        top = -np.inf
+        for xi in range(K):
+            for xj in range(K):
+                v = pairwise[c, xi, xj] * inv_rho + ai[xi] + aj[xj]
+                mu_p[c, xi * K + xj] = v
+                if v > top:
+                    top = v
+        total = 0.0
+        for k in range(K * K):
+            mu_p[c, k] = math.exp(mu_p[c, k] - top)
+            total += mu_p[c, k]
+        for k in range(K * K):
+            mu_p[c, k] /= total
+    return n_fallback
+
+
+@njit(cache=True)
+def _max_abs_diff(a, b):
+    n, K = a.shape
+    worst = 0.0
+    for i in range(n):
+        for x in range(K):
+            d = abs(a[i, x] - b[i, x])
+            if d > worst:
+                worst = d
+    return worst
+
+
+# ---------------------------------------------------------------------------
+# forward: one iteration (Algorithm "Back TRW" step 2, Eq. TRW-msgs)
+# ---------------------------------------------------------------------------
+# Schedule step st: sched[st] = (t, r, lo, hi, u): t = slot of the message
+# being updated (edge c into v), r = slot of the reverse message (edge c into
+# the sender u), lo:hi = slots of the messages into u.
+#   A(x_u)  = eu[u] * prod_{k in lo:hi} MP[k] * IM[r]        (cavity)
+#   m0(x_v) = sum_{x_u} tabs[st, x_u, x_v] A(x_u)
+#   M[t]    = max(m0 / sum m0, floor),  MP[t] = M[t] ** rho_c,  IM[t] = 1 / M[t]
+
+
+@njit(cache=True)
+def _sweep_k2(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q):
+    """One TRW iteration for K = 2 (scalar arithmetic). Returns the number of
+    log-domain fallbacks."""
+    n_fallback = 0
+    for st in range(sched.shape[0]):
+        t = sched[st, 0]
+        r = sched[st, 1]
+        u = sched[st, 4]
+        # cavity; the product runs over the slots backwards, which puts the
+        # most recently updated message last on grid-like orderings (shorter
+        # dependency chain); the backward kernels use the same order
+        a0 = eu[u, 0] * IM[r, 0]
+        a1 = eu[u, 1] * IM[r, 1]
+        for k in range(sched[st, 3] - 1, sched[st, 2] - 1, -1):
+            a0 *= MP[k, 0]
+            a1 *= MP[k, 1]
+        o0 = a0 * tabs[st, 0, 0] + a1 * tabs[st, 1, 0]
+        o1 = a0 * tabs[st, 0, 1] + a1 * tabs[st, 1, 1]
+        total = o0 + o1
+        if total > _TINY and total < _HUGE:
+            inv = 1.0 / total
+            m0 = o0 * inv
+            m1 = o1 * inv
+            if m0 < _MSG_FLOOR:
+                m0 = _MSG_FLOOR
+            if m1 < _MSG_FLOOR:
+                m1 = _MSG_FLOOR
+            M[t, 0] = m0
+            M[t, 1] = m1
+            IM[t, 0] = 1.0 / m0
+            IM[t, 1] = 1.0 / m1
+            if rho_mode == _RHO_HALF:
+                MP[t, 0] = math.sqrt(m0)
+                MP[t, 1] = math.sqrt(m1)
+            elif rho_mode == _RHO_GENERAL:
+                MP[t, 0] = m0 ** rho_sched[st]
+                MP[t, 1] = m1 ** rho_sched[st]
+            # _RHO_ONE: MP is M
+        else:
+            n_fallback += 1
+            _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
+    return n_fallback
+
+
+@njit(cache=True)
+def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q):
+    """One TRW iteration, any K (``cav`` (K,) and ``q`` (K, K) scratch)."""
+    K = eu.shape[1]
+    out = q[0]  # scratch row; q itself is only used by the fallback, after out
+    n_fallback = 0
+    for st in range(sched.shape[0]):
+        t = sched[st, 0]
+        r = sched[st, 1]
+        u = sched[st, 4]
+        for x in range(K):
+            cav[x] = eu[u, x] * IM[r, x]
+        for k in range(sched[st, 3] - 1, sched[st, 2] - 1, -1):
+            for x in range(K):
+                cav[x] *= MP[k, x]
+        for x in range(K):
+            out[x] = 0.0
+        for xu in range(K):
+            a = cav[xu]
+            for xv in range(K):
+                out[xv] += a * tabs[st, xu, xv]
+        total = 0.0
+        for x in range(K):
+            total += out[x]
+        if total > _TINY and total < _HUGE:
+            inv = 1.0 / total
+            for x in range(K):
+                m = out[x] * inv
+                if m < _MSG_FLOOR:
+                    m = _MSG_FLOOR
+                M[t, x] = m
+                IM[t, x] = 1.0 / m
+                if rho_mode == _RHO_HALF:
+                    MP[t, x] = math.sqrt(m)
+                elif rho_mode == _RHO_GENERAL:
+                    MP[t, x] = m ** rho_sched[st]
+        else:
+            n_fallback += 1
+            _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
+    return n_fallback
+
+
+# ---------------------------------------------------------------------------
+# backward: step 8 of Algorithm "Back TRW", one iteration in reverse order
+# ---------------------------------------------------------------------------
+# For schedule step st (pair (c, i) of the paper, i = receiver v, j = sender
+# u), with Madj = dL/dm (slot layout) and M holding the messages as they were
+# right after the update:
+#   (a) s(x_c) = tabs[st] * A(x_u), A recomputed exactly as in the forward pass
+#   (b) nu = backnorm(dL/dm_ci, m_ci); dL/dm0(x_i) = nu(x_i) / m0(x_i) with the
+#       unnormalised m0 = Z m_ci, Z = sum s, so s nu / m0 = (s / Z)(nu / m_ci).
+#       (The paper writes nu / m_c(x_i); the division by the normaliser Z is
+#       implicit there.) Let val(x_c) = (s / Z)(nu / m_ci) and h = sum_{x_i} val.
+#   (c) dL/dtheta_c += val / rho_c  (the 1 / rho_c is applied by the caller)
+#   (d) dL/dtheta_j += h
+#   (e) dL/dm_d(x_j) += (rho_d - [c = d]) h / m_d(x_j) for all d ∋ j
+#   (f) restore m_ci from the stack (truncated mode only)
+#   (g) dL/dm_ci = 0
+
+
+@njit(cache=True)
+def _reverse_sweep_k2(
+    it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
+    g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+):
+    """Step 8 for every pair in reverse order, K = 2."""
+    keep_pow = stack_pow.shape[0] > 0
+    for st in range(sched.shape[0] - 1, -1, -1):
+        t = sched[st, 0]
+        r = sched[st, 1]
+        lo = sched[st, 2]
+        hi = sched[st, 3]
+        u = sched[st, 4]
+        # (b) nu = backnorm(dL/dm_ci, m_ci); keep nu / m_ci
+        backnorm(Madj[t], M[t], nu)
+        r0 = nu[0] * IM[t, 0]
+        r1 = nu[1] * IM[t, 1]
+        # (a) s = tabs[st] * A(x_u)
+        a0 = eu[u, 0] * IM[r, 0]
+        a1 = eu[u, 1] * IM[r, 1]
+        for k in range(hi - 1, lo - 1, -1):
+            a0 *= MP[k, 0]
+            a1 *= MP[k, 1]
+        z = a0 * rsum[st, 0] + a1 * rsum[st, 1]
+        if z > _TINY and z < _HUGE:
+            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
+            inv = 1.0 / z
+            r0 *= inv
+            r1 *= inv
+            v00 = a0 * tabs[st, 0, 0] * r0
+            v01 = a0 * tabs[st, 0, 1] * r1
+            v10 = a1 * tabs[st, 1, 0] * r0
+            v11 = a1 * tabs[st, 1, 1] * r1
+        else:
+            _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
+            v00 = q[0, 0] * r0
+            v01 = q[0, 1] * r1
+            v10 = q[1, 0] * r0
+            v11 = q[1, 1] * r1
+        # (c)
+        g_t[st, 0, 0] += v00
+        g_t[st, 0, 1] += v01
+        g_t[st, 1, 0] += v10
+        g_t[st, 1, 1] += v11
+        # (d)
+        h0 = v00 + v01
+        h1 = v10 + v11
+        g_u[u, 0] += h0
+        g_u[u, 1] += h1
+        # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
+        for k in range(lo, hi):
+            Madj[k, 0] += _live(rho_slot[k] * h0 * IM[k, 0], IM[k, 0])
+            Madj[k, 1] += _live(rho_slot[k] * h1 * IM[k, 1], IM[k, 1])
+        Madj[r, 0] -= _live(h0 * IM[r, 0], IM[r, 0])
+        Madj[r, 1] -= _live(h1 * IM[r, 1], IM[r, 1])
+        # (f) pull m_ci from the stack
+        if restore:
+            m0 = stack[it, t, 0]
+            m1 = stack[it, t, 1]
+            M[t, 0] = m0
+            M[t, 1] = m1
+            IM[t, 0] = 1.0 / m0
+            IM[t, 1] = 1.0 / m1
+            if rho_mode == _RHO_HALF:
+                MP[t, 0] = math.sqrt(m0)
+                MP[t, 1] = math.sqrt(m1)
+            elif keep_pow:
+                MP[t, 0] = stack_pow[it, t, 0]
+                MP[t, 1] = stack_pow[it, t, 1]
+        # (g)
+        Madj[t, 0] = 0.0
+        Madj[t, 1] = 0.0
+
+
+@njit(cache=True)
+def _reverse_sweep_kk(
+    it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
+    g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+):
+    """Step 8 for every pair in reverse order, any K."""
+    K = eu.shape[1]
+    keep_pow = stack_pow.shape[0] > 0
+    rv = np.empty(K)
+    h = np.empty(K)
+    for st in range(sched.shape[0] - 1, -1, -1):
+        t = sched[st, 0]
+        r = sched[st, 1]
+        lo = sched[st, 2]
+        hi = sched[st, 3]
+        u = sched[st, 4]
+        # (b)
+        backnorm(Madj[t], M[t], nu)
+        for x in range(K):
+            rv[x] = nu[x] * IM[t, x]
+        # (a)
+        for x in range(K):
+            cav[x] = eu[u, x] * IM[r, x]
+        for k in range(hi - 1, lo - 1, -1):
+            for x in range(K):
+                cav[x] *= MP[k, x]
+        z = 0.0
+        for x in range(K):
+            z += cav[x] * rsum[st, x]
+        for x in range(K):
+            h[x] = 0.0
+        # (loops ordered x_v outer, x_u inner: K independent sums for h)
+        if z > _TINY and z < _HUGE:
+            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
+            inv = 1.0 / z
+            for x in range(K):
+                rv[x] *= inv
+            for xv in range(K):
+                b = rv[xv]
+                for xu in range(K):
+                    val = cav[xu] * tabs[st, xu, xv] * b
+                    g_t[st, xu, xv] += val  # (c)
+                    h[xu] += val
+        else:
+            _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
+            for xv in range(K):
+                b = rv[xv]
+                for xu in range(K):
+                    val = q[xu, xv] * b
+                    g_t[st, xu, xv] += val  # (c)
+                    h[xu] += val
+        # (d)
+        for x in range(K):
+            g_u[u, x] += h[x]
+        # (e)
+        for k in range(lo, hi):
+            rk = rho_slot[k]
+            for x in range(K):
+                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x])
+        for x in range(K):
+            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x])
+        # (f)
+        if restore:
+            for x in range(K):
+                m = stack[it, t, x]
+                M[t, x] = m
+                IM[t, x] = 1.0 / m
+                if rho_mode == _RHO_HALF:
+                    MP[t, x] = math.sqrt(m)
+                elif keep_pow:
+                    MP[t, x] = stack_pow[it, t, x]
+        # (g)
+        for x in range(K):
+            Madj[t, x] = 0.0
+
+
+# ---------------------------------------------------------------------------
+# drivers
+# ---------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _trw_forward_kernel(
+    sched, tabs, eu, rho_sched, rho_mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+    edges, ptr, slot_of, rho, n_iter, tol, max_iter, stack, stack_pow, mu_u, mu_p,
+):
+    """TRW in place on ``M`` / ``MP`` / ``IM`` (messages, their rho-powers,
+    their inverses; slot layout). ``n_iter >= 0``: exactly that many
+    iterations; ``n_iter < 0``: until the largest change of a unary marginal
+    is below ``tol`` or ``max_iter`` iterations. ``stack`` / ``stack_pow``
+    (when their first dimension is non-zero) receive the messages / powers at
+    the start of every iteration (step 2(a)).
+
+    Returns (iterations run, converged, number of log-domain fallbacks).
+    """
+    K = eu.shape[1]
+    cav = np.empty(K)
+    q = np.empty((K, K))
+    prev = np.empty_like(mu_u)
+    keep = stack.shape[0] > 0
+    keep_pow = stack_pow.shape[0] > 0
+    fixed = n_iter >= 0
+    limit = n_iter if fixed else max_iter
+    ptr_nodes = ptr
+    n_fallback = 0
+    converged = False
+    it = 0
+    if not fixed:
+        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, prev)
+    while it < limit:
+        if fixed and it == limit - 1:  # marginals before the last iteration, for .converged
+            n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, prev)
+        if keep:  # 2(a): push the messages this iteration overwrites
+            stack[it] = M
+            if keep_pow:
+                stack_pow[it] = MP
+        if use_k2:  # 2(b)
+            n_fallback += _sweep_k2(
+                sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q
+            )
+        else:
+            n_fallback += _sweep_kk(
+                sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q
+            )
+        it += 1
+        if fixed and it < limit:
+            continue
+        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, mu_u)
+        if _max_abs_diff(mu_u, prev) < tol:
+            converged = True
+            break
+        prev[:] = mu_u
+    if it == 0:
+        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, mu_u)  # step 4
+    n_fallback += _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p)  # step 3
+    return it, converged, n_fallback
+
+
+@njit(cache=True)
+def _trw_backward_kernel(
+    sched, tabs, rsum, eu, rho_sched, rho_mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+    edges, ptr, slot_of, rho, stack, stack_pow, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, g_t, fixed_point, tol, max_iter,
+):
+    """Algorithm "Back TRW", steps 6-8 (step 5, the loss, is the caller's).
+
+    ``M`` / ``MP`` / ``IM`` start at the final messages and are restored in
+    place from ``stack`` in truncated mode. Gradients are accumulated into
+    ``g_u`` (n, K), ``g_p`` (E, K*K) (step 6, (x_i, x_j) layout, already
+    divided by rho_c) and ``g_t`` (2E, K, K) (step 8, schedule layout, *not*
+    yet divided by rho_c).
+
+    Returns (number of reverse sweeps, largest remaining adjoint message).
+    """
+    E = edges.shape[0]
+    n, K = eu.shape
+    Madj = np.zeros((2 * E, K))
+    nu = np.empty(K)
+    cav = np.empty(K)
+    q = np.empty((K, K))
+    nu_c = np.empty(K * K)
+    row = np.empty(K)
+    col = np.empty(K)
+    # 6. For all c: nu_c = backnorm(dL/dmu_c, mu_c) and push it back
+    #    (skipped when the loss has no pairwise term: gmu_p has no rows)
+    for c in range(E if gmu_p.shape[0] > 0 else 0):
+        i = edges[c, 0]
+        j = edges[c, 1]
+        backnorm(gmu_p[c], mu_p[c], nu_c)  # 6(a)
+        inv_rho = 1.0 / rho[c]
+        for x in range(K):
+            row[x] = 0.0
+            col[x] = 0.0
+        for xi in range(K):
+            for xj in range(K):
+                v = nu_c[xi * K + xj]
+                g_p[c, xi * K + xj] += inv_rho * v  # 6(b)
+                row[xi] += v
+                col[xj] += v
+        for x in range(K):  # 6(c)
+            g_u[i, x] += row[x]
+            g_u[j, x] += col[x]
+        # 6(d): dL/dm_d(x_i) += (rho_d - [c = d]) / m_d(x_i) sum_{x_j} nu_c, same for j
+        for k in range(ptr[i], ptr[i + 1]):
+            for x in range(K):
+                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x])
+        for k in range(ptr[j], ptr[j + 1]):
+            for x in range(K):
+                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x])
+        a = slot_of[c, 0]
+        b = slot_of[c, 1]
+        for x in range(K):
+            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x])
+            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x])
+    # 7. For all i: nu_i = backnorm(dL/dmu_i, mu_i)
+    for i in range(n):
+        backnorm(gmu_u[i], mu_u[i], nu)  # 7(a)
+        for x in range(K):
+            g_u[i, x] += nu[x]  # 7(b)
+        for k in range(ptr[i], ptr[i + 1]):  # 7(c): dL/dm_d(x_i) += rho_d nu_i / m_d(x_i)
+            rk = rho_slot[k]
+            for x in range(K):
+                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x])
+    # 8. Repeat N times for all pairs (c, i) in reverse order
+    sweeps = max_iter if fixed_point else stack.shape[0]
+    restore = not fixed_point
+    n_sweeps = 0
+    residual = 0.0
+    for it in range(sweeps - 1, -1, -1):
+        if use_k2:
+            _reverse_sweep_k2(
+                it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
+                g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+            )
+        else:
+            _reverse_sweep_kk(
+                it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
+                g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+            )
+        n_sweeps += 1
+        if fixed_point:
+            residual = 0.0
+            for k in range(2 * E):
+                for x in range(K):
+                    v = abs(Madj[k, x])
+                    if v > residual:
+                        residual = v
+            if residual < tol:
+                break
+    return n_sweeps, residual
+
+
+# ---------------------------------------------------------------------------
+# Python wrappers
+# ---------------------------------------------------------------------------
+
+
+class TRWState:
+    """Result of :func:`trw_forward`, with everything :func:`trw_backward` needs.
+
+    Attributes
+    ----------
+    unary_marginals : (n, K) ndarray
+    pairwise_marginals : (E, K, K) ndarray, laid out like ``pairwise``
+    messages : (E, 2, K) ndarray (computed on access), ``messages[e, s]`` is
+        the message from edge ``e`` into ``edges[e, s]``
+    n_iter : int, iterations run
+    converged : bool, whether the largest change of a unary marginal over the
+        last iteration was below ``tol`` (False when no iteration ran)
+    stack : (n_iter, 2E, K) ndarray or None, the messages at the start of each
+        iteration in internal slot order (``keep_stack=True``)
+    n_fallback : int, how many messages / marginals needed the log-domain path
+    """
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+    @property
+    def messages(self):
+        return self.slot_messages[self.slot_of]
+
+    def __repr__(self):
+        n, K = self.unary_marginals.shape
+        return (
+            f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, n_iter={self.n_iter}, "
+            f"converged={self.converged}, stack={'yes' if self.stack is not None else 'no'})"
+        )
+
+
+def _writable(array, dtype):
+    """Contiguous array of ``dtype``; read-only input is copied, so that one
+    compiled signature serves every call."""
+    array = np.ascontiguousarray(array, dtype=dtype)
+    if not array.flags.writeable:
+        array = array.copy()
+    return array
+
+
+def _rho_mode(rho):
+    if rho.size == 0 or np.all(rho == 1.0):
+        return _RHO_ONE
+    if np.all(rho == 0.5):
+        return _RHO_HALF
+    return _RHO_GENERAL
+
+
+@njit(cache=True)
+def _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot):
+    """Fill the schedule: step ``st`` is (t, r, lo, hi, u) -- see above."""
+    E = edges.shape[0]
+    for k in range(2 * E):
+        slot_of[slot_edge[k], slot_side[k]] = k
+        rho_slot[k] = rho[slot_edge[k]]
+    for c in range(E):
+        # forward sweep: step c, into edges[c, 1], sent by u = edges[c, 0]
+        u = edges[c, 0]
+        sched[c, 0] = slot_of[c, 1]
+        sched[c, 1] = slot_of[c, 0]
+        sched[c, 2] = ptr[u]
+        sched[c, 3] = ptr[u + 1]
+        sched[c, 4] = u
+        rho_sched[c] = rho[c]
+        # backward sweep: step 2E-1-c, into edges[c, 0], sent by u = edges[c, 1]
+        st = 2 * E - 1 - c
+        u = edges[c, 1]
+        sched[st, 0] = slot_of[c, 0]
+        sched[st, 1] = slot_of[c, 1]
+        sched[st, 2] = ptr[u]
+        sched[st, 3] = ptr[u + 1]
+        sched[st, 4] = u
+        rho_sched[st] = rho[c]
+
+
+def _schedule(n, edges, rho):
+    """Slot layout and the tabulated schedule (see the module docstring)."""
+    E = edges.shape[0]
+    inc = incidence(n, edges)
+    ptr, slot_edge, slot_side = inc.ptr, inc.edge, inc.side
+    slot_of = np.empty((E, 2), dtype=np.int64)
+    sched = np.empty((2 * E, 5), dtype=np.int32)
+    rho_sched = np.empty(2 * E)
+    rho_slot = np.empty(2 * E)
+    _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot)
+    return ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot
+
+
+def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False):
+    """Tree-reweighted belief propagation (loopy BP for ``rho = 1``).
+
+    Parameters
+    ----------
+    edges : (E, 2) int64
+    unary : (n, K) float64
+    pairwise : (E, K, K) float64, ``pairwise[e, a, b] = theta(x_i=a, x_j=b)``
+    rho : (E,) float64, edge appearance probabilities, > 0
+    n_iter : int >= 0 or None
+        Exactly this many iterations, or (None) until the largest change of a
+        unary marginal over one iteration is below ``tol`` (at most
+        ``max_iter`` iterations).
+    keep_stack : bool
+        Keep one snapshot of the messages per iteration for
+        ``trw_backward(mode="truncated")``; needs an integer ``n_iter``.
+        Memory ``n_iter * 2E * K`` floats (twice that for a ``rho`` that is
+        neither all ones nor all one half).
+
+    Returns
+    -------
+    TRWState
+    """
+    unary = _writable(unary, np.float64)
+    n, K = unary.shape
+    edges = _writable(edges, np.int64).reshape(-1, 2)
+    E = edges.shape[0]
+    pairwise = _writable(pairwise, np.float64).reshape(E, K, K)
+    rho = _writable(rho, np.float64).reshape(E)
+    if keep_stack and n_iter is None:
+        raise ValueError(
+            "keep_stack=True needs an integer n_iter: truncated back TRW differentiates a fixed number of iterations"
+        )
+    ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot = _schedule(n, edges, rho)
+    mode = _rho_mode(rho)
+    eu = np.empty((n, K))
+    tabs = np.empty((2 * E, K, K))
+    rsum = np.empty((2 * E, K))
+    _build_tables(unary, pairwise, rho, eu, tabs, rsum)
+    M = np.full((2 * E, K), 1.0 / K)
+    IM = np.full((2 * E, K), float(K))
+    if mode == _RHO_ONE:
+        MP = M
+    elif mode == _RHO_HALF:
+        MP = np.full((2 * E, K), math.sqrt(1.0 / K))
+    else:
+        MP = np.empty((2 * E, K))
+        MP[...] = np.power(1.0 / K, rho_slot)[:, None]
+    if keep_stack and n_iter > 0:
+        stack = np.empty((n_iter, 2 * E, K))
+        stack_pow = np.empty((n_iter, 2 * E, K)) if mode == _RHO_GENERAL else _NO_STACK
+    else:
+        stack = stack_pow = _NO_STACK
+    mu_u = np.empty((n, K))
+    mu_p = np.empty((E, K * K))
+    it, converged, n_fallback = _trw_forward_kernel(
+        sched, tabs, eu, rho_sched, mode, K == 2 and _SPECIALISE_K2, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+        rho_slot, edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
+        stack, stack_pow, mu_u, mu_p,
+    )
+    return TRWState(
+        unary_marginals=mu_u,
+        pairwise_marginals=mu_p.reshape(E, K, K),
+        n_iter=int(it),
+        converged=bool(converged),
+        stack=stack if keep_stack else None,
+        stack_pow=stack_pow,
+        n_fallback=int(n_fallback),
+        slot_messages=M,
+        slot_powers=MP,
+        slot_inverses=IM,
+        edges=edges,
+        unary=unary,
+        pairwise=pairwise,
+        rho=rho,
+        rho_mode=mode,
+        ptr=ptr,
+        slot_edge=slot_edge,
+        slot_side=slot_side,
+        slot_of=slot_of,
+        sched=sched,
+        rho_sched=rho_sched,
+        rho_slot=rho_slot,
+        eu=eu,
+        tabs=tabs,
+        rsum=rsum,
+        tol=tol,
+    )
+
+
+def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated", tol=1e-10, max_iter=10000):
+    """Gradient of a loss of the TRW marginals with respect to the parameters.
+
+    Parameters
+    ----------
+    state : TRWState from :func:`trw_forward`
+    grad_unary_marginals : (n, K), dL/dmu_i
+    grad_pairwise_marginals : (E, K, K), dL/dmu_c (None for zeros)
+    mode : "truncated" or "fixed_point"
+        "truncated" (forward run with an integer ``n_iter`` and
+        ``keep_stack=True``): Algorithm "Back TRW", the exact gradient of the
+        loss of the marginals after exactly ``n_iter`` iterations.
+        "fixed_point" (forward run to convergence): back-propagation with the
+        messages held at their converged values; reverse sweeps are repeated
+        until the largest adjoint message is below ``tol``; after ``max_iter``
+        sweeps a RuntimeWarning is issued and the current estimate returned.
+    tol, max_iter : used by "fixed_point" only.
+
+    Returns
+    -------
+    grad_unary : (n, K)
+    grad_pairwise : (E, K, K)
+    """
+    edges = state.edges
+    n, K = state.unary.shape
+    E = edges.shape[0]
+    gmu_u = _writable(grad_unary_marginals, np.float64).reshape(n, K)
+    if grad_pairwise_marginals is None:
+        gmu_p = np.zeros((0, K * K))  # step 6 is skipped
+    else:
+        gmu_p = _writable(grad_pairwise_marginals, np.float64).reshape(E, K * K)
+    if mode == "truncated":
+        if state.stack is None and state.n_iter > 0:
+            raise ValueError(
+                "mode='truncated' needs a forward pass run with an integer n_iter and keep_stack=True"
+            )
+        fixed_point = False
+        stack, stack_pow = (state.stack, state.stack_pow) if state.n_iter > 0 else (_NO_STACK, _NO_STACK)
+    elif mode == "fixed_point":
+        fixed_point = True
+        stack = stack_pow = _NO_STACK
+        if not state.converged:
+            warnings.warn(
+                "trw_backward(mode='fixed_point'): the forward pass did not converge, so the messages are not a "
+                "fixed point and the back-propagated gradient is only approximate",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    else:
+        raise ValueError(f"mode must be 'truncated' or 'fixed_point', got {mode!r}")
+    # The kernel works on the state's own message arrays: fixed-point mode
+    # leaves them unchanged, truncated mode restores them to the uniform start,
+    # so we put the final messages back afterwards (saves two copies).
+    M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
+    if not fixed_point:
+        M_final = M.copy()
+        MP_final = MP.copy() if state.rho_mode == _RHO_GENERAL else None
+    g_u = np.zeros((n, K))
+    g_p = np.zeros((E, K * K))
+    g_t = np.zeros((2 * E, K, K))
+    try:
+        n_sweeps, residual = _trw_backward_kernel(
+            state.sched, state.tabs, state.rsum, state.eu, state.rho_sched, state.rho_mode, K == 2 and _SPECIALISE_K2,
+            M, MP, IM, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
+            edges, state.ptr, state.slot_of, state.rho, stack, stack_pow,
+            state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p,
+            g_u, g_p, g_t, fixed_point, float(tol), int(max_iter),
+        )
+    finally:
+        if not fixed_point:
+            M[...] = M_final
+            np.divide(1.0, M_final, out=IM)
+            if state.rho_mode == _RHO_HALF:
+                np.sqrt(M_final, out=MP)
+            elif state.rho_mode == _RHO_GENERAL:
+                MP[...] = MP_final
+    if fixed_point and max_iter > 0 and E > 0 and not residual < tol:
+        warnings.warn(
+            f"trw_backward(mode='fixed_point') did not converge in {max_iter} reverse sweeps (largest adjoint "
+            f"message {residual:.3g} >= tol={tol:g}); returning the current estimate",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    # step 8(c)'s 1 / rho_c, and schedule layout -> (x_i, x_j) layout
+    g_t /= state.rho_sched[:, None, None]
+    grad_pair = g_p.reshape(E, K, K)
+    grad_pair += g_t[:E]
+    grad_pair += g_t[E:][::-1].transpose(0, 2, 1)
+    return g_u, grad_pair

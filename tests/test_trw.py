@@ -1,0 +1,407 @@
+"""Tests of sklearn_margcrf.trw: TRW / loopy BP forward and back TRW."""
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+from reference import brute_force, chain_edges, numeric_gradient, random_model, random_tree_edges
+
+from sklearn_margcrf import trw
+from sklearn_margcrf._graph import grid_edges
+from sklearn_margcrf.trw import trw_backward, trw_forward
+
+
+def softmax(a, axis=-1):
+    e = np.exp(a - a.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def isolated_node_graph():
+    """5 nodes: a 4-cycle on 0, 1, 3, 4 and node 2 with no edges."""
+    return 5, np.array([[0, 1], [1, 3], [3, 4], [0, 4]], dtype=np.int64)
+
+
+GRAPHS = {
+    "grid3x3": lambda: (9, grid_edges(3, 3)),
+    "grid3x4": lambda: (12, grid_edges(3, 4)),
+    "chain5": lambda: (5, chain_edges(5)),
+    "isolated": isolated_node_graph,
+}
+
+
+def make_rho(kind, n_edges, rng):
+    if kind == "random":
+        return rng.uniform(0.3, 1.0, size=n_edges)
+    return np.full(n_edges, float(kind))
+
+
+def relative_error(a, b):
+    return np.abs(a - b).max() / max(np.abs(b).max(), 1e-300)
+
+
+# ---------------------------------------------------------------------------
+# forward
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("K", [2, 3])
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_bp_exact_on_trees(kind, K):
+    rng = np.random.default_rng(10 * K + len(kind))
+    n = 7
+    edges = chain_edges(n) if kind == "chain" else random_tree_edges(n, rng)
+    unary, pairwise = random_model(edges, n, K, rng, scale=1.5)
+    state = trw_forward(edges, unary, pairwise, np.ones(len(edges)), tol=1e-13)
+    assert state.converged
+    mu, mu2, _ = brute_force(edges, unary, pairwise)
+    np.testing.assert_allclose(state.unary_marginals, mu, atol=1e-8, rtol=0)
+    np.testing.assert_allclose(state.pairwise_marginals, mu2, atol=1e-8, rtol=0)
+
+
+def test_one_iteration_is_exact_on_an_ordered_chain():
+    # the documented schedule: forward sweep then backward sweep over the edge
+    # order, which on a chain numbered in order is exact BP in one iteration
+    rng = np.random.default_rng(3)
+    n, K = 6, 3
+    edges = chain_edges(n)
+    unary, pairwise = random_model(edges, n, K, rng, scale=2.0)
+    state = trw_forward(edges, unary, pairwise, np.ones(n - 1), n_iter=1)
+    mu, mu2, _ = brute_force(edges, unary, pairwise)
+    np.testing.assert_allclose(state.unary_marginals, mu, atol=1e-12, rtol=0)
+    np.testing.assert_allclose(state.pairwise_marginals, mu2, atol=1e-12, rtol=0)
+    assert state.n_iter == 1
+
+
+def test_pairwise_layout_single_edge():
+    # asymmetric pairwise table: pairwise[e, a, b] = theta(x_i=a, x_j=b)
+    edges = np.array([[1, 0]], dtype=np.int64)
+    unary = np.array([[0.3, -0.2, 0.1], [0.0, 0.5, -0.4]])
+    pairwise = np.arange(9, dtype=float).reshape(1, 3, 3) / 4.0
+    state = trw_forward(edges, unary, pairwise, np.ones(1), tol=1e-14)
+    mu, mu2, _ = brute_force(edges, unary, pairwise)
+    np.testing.assert_allclose(state.unary_marginals, mu, atol=1e-12)
+    np.testing.assert_allclose(state.pairwise_marginals, mu2, atol=1e-12)
+    # messages are normalised and indexed by the receiving endpoint
+    msgs = state.messages
+    assert msgs.shape == (1, 2, 3)
+    np.testing.assert_allclose(msgs.sum(axis=2), 1.0)
+    expected_into_1 = np.exp(pairwise[0] + unary[0][None, :]).sum(axis=1)  # sum over x_0 = x_j
+    np.testing.assert_allclose(msgs[0, 0], expected_into_1 / expected_into_1.sum(), atol=1e-12)
+
+
+@pytest.mark.parametrize("rho_kind", ["0.5", "random"])
+@pytest.mark.parametrize("K", [2, 3])
+def test_local_consistency_on_grid(K, rho_kind):
+    rng = np.random.default_rng(K)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, K, rng)
+    rho = np.full(len(edges), 0.5) if rho_kind == "0.5" else rng.uniform(0.4, 0.6, size=len(edges))
+    state = trw_forward(edges, unary, pairwise, rho, tol=1e-13)
+    assert state.converged
+    mu, mu2 = state.unary_marginals, state.pairwise_marginals
+    np.testing.assert_allclose(mu2.sum(axis=2), mu[edges[:, 0]], atol=1e-8, rtol=0)
+    np.testing.assert_allclose(mu2.sum(axis=1), mu[edges[:, 1]], atol=1e-8, rtol=0)
+    np.testing.assert_allclose(mu.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(mu2.sum(axis=(1, 2)), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("K", [2, 3])
+def test_zero_iterations(K):
+    rng = np.random.default_rng(5)
+    edges = grid_edges(2, 3)
+    rho = rng.uniform(0.3, 1.0, size=len(edges))
+    unary, pairwise = random_model(edges, 6, K, rng)
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=0)
+    assert state.n_iter == 0 and not state.converged
+    np.testing.assert_allclose(state.unary_marginals, softmax(unary), atol=1e-14)
+    np.testing.assert_allclose(state.messages, 1.0 / K)
+    scores = pairwise / rho[:, None, None] + unary[edges[:, 0]][:, :, None] + unary[edges[:, 1]][:, None, :]
+    expected = softmax(scores.reshape(len(edges), -1)).reshape(scores.shape)
+    np.testing.assert_allclose(state.pairwise_marginals, expected, atol=1e-14)
+
+
+def test_no_edges():
+    rng = np.random.default_rng(6)
+    unary = rng.normal(size=(4, 3))
+    for n_iter in (None, 0, 3):
+        state = trw_forward(np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, 3, 3)), np.zeros(0), n_iter=n_iter)
+        np.testing.assert_allclose(state.unary_marginals, softmax(unary), atol=1e-14)
+        assert state.pairwise_marginals.shape == (0, 3, 3)
+    state = trw_forward(np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, 3, 3)), np.zeros(0), n_iter=2,
+                        keep_stack=True)
+    w = rng.normal(size=unary.shape)
+    g_u, g_p = trw_backward(state, w, np.zeros((0, 3, 3)))
+    mu = softmax(unary)
+    np.testing.assert_allclose(g_u, mu * (w - (w * mu).sum(axis=1, keepdims=True)), atol=1e-14)
+    assert g_p.shape == (0, 3, 3)
+
+
+def test_iteration_count_and_convergence_flag():
+    rng = np.random.default_rng(8)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, 2, rng)
+    rho = np.full(len(edges), 0.5)
+    for k in (1, 2, 7):
+        assert trw_forward(edges, unary, pairwise, rho, n_iter=k).n_iter == k
+    state = trw_forward(edges, unary, pairwise, rho, tol=1e-10)
+    assert state.converged and 1 <= state.n_iter < 1000
+    # the fixed-iteration run with the same count gives the same marginals
+    again = trw_forward(edges, unary, pairwise, rho, n_iter=state.n_iter, tol=1e-10)
+    np.testing.assert_array_equal(again.unary_marginals, state.unary_marginals)
+    assert again.converged
+    capped = trw_forward(edges, unary, pairwise, rho, tol=0.0, max_iter=4)
+    assert capped.n_iter == 4 and not capped.converged
+
+
+def test_read_only_inputs():
+    rng = np.random.default_rng(9)
+    edges = grid_edges(2, 2)
+    unary, pairwise = random_model(edges, 4, 2, rng)
+    rho = np.full(len(edges), 0.5)
+    arrays = [edges.copy(), unary.copy(), pairwise.copy(), rho.copy()]
+    for a in arrays:
+        a.setflags(write=False)
+    state = trw_forward(*arrays, n_iter=3, keep_stack=True)
+    reference = trw_forward(edges, unary, pairwise, rho, n_iter=3)
+    np.testing.assert_array_equal(state.unary_marginals, reference.unary_marginals)
+    g = np.ones((4, 2))
+    g.setflags(write=False)
+    trw_backward(state, g, None)
+
+
+@pytest.mark.parametrize("rho_value", [0.5, 1.0, "random"])
+def test_k2_kernels_match_generic_kernels(monkeypatch, rho_value):
+    rng = np.random.default_rng(11)
+    edges = grid_edges(3, 4)
+    unary, pairwise = random_model(edges, 12, 2, rng)
+    rho = make_rho(rho_value, len(edges), rng) if rho_value == "random" else np.full(len(edges), rho_value)
+    g_mu, g_mu2 = rng.normal(size=(12, 2)), rng.normal(size=(len(edges), 2, 2))
+
+    def run():
+        state = trw_forward(edges, unary, pairwise, rho, n_iter=4, keep_stack=True)
+        return state, trw_backward(state, g_mu, g_mu2)
+
+    special, (gu_s, gp_s) = run()
+    monkeypatch.setattr(trw, "_SPECIALISE_K2", False)
+    generic, (gu_g, gp_g) = run()
+    np.testing.assert_allclose(special.unary_marginals, generic.unary_marginals, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(special.messages, generic.messages, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(gu_s, gu_g, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(gp_s, gp_g, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rho_value", [0.5, 1.0])
+@pytest.mark.parametrize("K", [2, 5])
+def test_stability_huge_parameters(K, rho_value):
+    rng = np.random.default_rng(K)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, K, rng, scale=1e3)
+    rho = np.full(len(edges), rho_value)
+    for n_iter in (3, None):
+        state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, max_iter=50, keep_stack=n_iter is not None)
+        for mu in (state.unary_marginals, state.pairwise_marginals):
+            assert np.all(np.isfinite(mu)) and np.all(mu >= 0)
+        np.testing.assert_allclose(state.unary_marginals.sum(axis=1), 1.0, atol=1e-12)
+        np.testing.assert_allclose(state.pairwise_marginals.sum(axis=(1, 2)), 1.0, atol=1e-12)
+        assert np.all(np.isfinite(state.messages))
+        np.testing.assert_allclose(state.messages.sum(axis=2), 1.0, atol=1e-12)
+        if n_iter is not None:
+            g_u, g_p = trw_backward(state, rng.normal(size=(9, K)), None)
+            assert np.all(np.isfinite(g_u)) and np.all(np.isfinite(g_p))
+
+
+def test_stability_log_domain_fallback_is_used_and_exact():
+    # strongly coupled nodes: message sums underflow (the log-domain path runs),
+    # while every message stays representable, so BP on this chain stays exact
+    edges = chain_edges(3)
+    unary = np.array([[0.0, 300.0], [500.0, 0.0], [0.0, 250.0]])
+    pairwise = np.array([[[0.0, -900.0], [-900.0, 0.0]], [[0.0, -700.0], [-650.0, 0.0]]])
+    state = trw_forward(edges, unary, pairwise, np.ones(2), tol=1e-14)
+    assert state.n_fallback > 0 and state.converged
+    mu, mu2, _ = brute_force(edges, unary, pairwise)
+    np.testing.assert_allclose(state.unary_marginals, mu, atol=1e-12)
+    np.testing.assert_allclose(state.pairwise_marginals, mu2, atol=1e-12)
+    # TRW (rho = 0.5): a locally consistent fixed point. (Fixed n_iter: the
+    # saturated unary marginals do not move in the first iteration, so the
+    # unary-marginal stopping rule would stop there.)
+    state = trw_forward(edges, unary, pairwise, np.full(2, 0.5), n_iter=50)
+    assert state.n_fallback > 0
+    mu, mu2 = state.unary_marginals, state.pairwise_marginals
+    np.testing.assert_allclose(mu2.sum(axis=2), mu[edges[:, 0]], atol=1e-12)
+    np.testing.assert_allclose(mu2.sum(axis=1), mu[edges[:, 1]], atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# truncated back TRW
+# ---------------------------------------------------------------------------
+
+
+def truncated_loss_and_grad(edges, unary, pairwise, rho, n_iter, loss):
+    """loss(mu, mu2) -> (L, dL/dmu, dL/dmu2); returns L and back TRW gradients."""
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True)
+    value, g_mu, g_mu2 = loss(state.unary_marginals, state.pairwise_marginals)
+    return value, trw_backward(state, g_mu, g_mu2, mode="truncated")
+
+
+def linear_loss(rng, n, E, K):
+    w_u, w_p = rng.normal(size=(n, K)), rng.normal(size=(E, K, K))
+    return lambda mu, mu2: ((w_u * mu).sum() + (w_p * mu2).sum(), w_u, w_p)
+
+
+def log_loss(rng, n, E, K):
+    labels = rng.integers(0, K, size=n)
+    rows = np.arange(n)
+
+    def loss(mu, mu2):
+        g = np.zeros_like(mu)
+        g[rows, labels] = -1.0 / mu[rows, labels]
+        return -np.log(mu[rows, labels]).sum(), g, None
+
+    return loss
+
+
+def check_against_finite_differences(edges, unary, pairwise, rho, loss, forward, backward_grads, tol=1e-6):
+    def objective_u(u):
+        return loss(*forward(u, pairwise))[0]
+
+    def objective_p(p):
+        return loss(*forward(unary, p))[0]
+
+    num_u = numeric_gradient(objective_u, unary)
+    num_p = numeric_gradient(objective_p, pairwise) if len(edges) else np.zeros_like(pairwise)
+    g_u, g_p = backward_grads
+    assert relative_error(g_u, num_u) <= tol, (relative_error(g_u, num_u), g_u, num_u)
+    if len(edges):
+        assert relative_error(g_p, num_p) <= tol, (relative_error(g_p, num_p), g_p, num_p)
+
+
+TRUNCATED_CASES = [
+    # (graph, K, rho, n_iter, loss)
+    ("grid3x3", 2, "0.5", 1, "linear"),
+    ("grid3x3", 2, "1", 5, "log"),
+    ("grid3x3", 3, "random", 2, "linear"),
+    ("grid3x3", 3, "0.5", 5, "log"),
+    ("grid3x4", 2, "random", 5, "linear"),
+    ("grid3x4", 3, "1", 2, "log"),
+    ("grid3x4", 2, "0.5", 2, "log"),
+    ("chain5", 2, "1", 2, "linear"),
+    ("chain5", 3, "random", 5, "log"),
+    ("chain5", 3, "0.5", 1, "log"),
+    ("isolated", 2, "random", 2, "log"),
+    ("isolated", 3, "1", 5, "linear"),
+    ("isolated", 3, "0.5", 1, "linear"),
+]
+
+
+@pytest.mark.parametrize("graph,K,rho_kind,n_iter,loss_kind", TRUNCATED_CASES)
+def test_truncated_gradient_matches_finite_differences(graph, K, rho_kind, n_iter, loss_kind):
+    rng = np.random.default_rng(zlib.crc32(repr((graph, K, rho_kind, n_iter, loss_kind)).encode()))
+    n, edges = GRAPHS[graph]()
+    E = len(edges)
+    unary, pairwise = random_model(edges, n, K, rng)
+    rho = make_rho(rho_kind, E, rng)
+    loss = (linear_loss if loss_kind == "linear" else log_loss)(rng, n, E, K)
+
+    def forward(u, p):
+        state = trw_forward(edges, u, p, rho, n_iter=n_iter)
+        return state.unary_marginals, state.pairwise_marginals
+
+    _, grads = truncated_loss_and_grad(edges, unary, pairwise, rho, n_iter, loss)
+    check_against_finite_differences(edges, unary, pairwise, rho, loss, forward, grads)
+
+
+def test_truncated_gradient_zero_iterations():
+    rng = np.random.default_rng(12)
+    n, edges = GRAPHS["grid3x3"]()
+    unary, pairwise = random_model(edges, n, 3, rng)
+    rho = make_rho("random", len(edges), rng)
+    loss = linear_loss(rng, n, len(edges), 3)
+
+    def forward(u, p):
+        state = trw_forward(edges, u, p, rho, n_iter=0)
+        return state.unary_marginals, state.pairwise_marginals
+
+    _, grads = truncated_loss_and_grad(edges, unary, pairwise, rho, 0, loss)
+    check_against_finite_differences(edges, unary, pairwise, rho, loss, forward, grads)
+
+
+def test_backward_leaves_state_reusable():
+    rng = np.random.default_rng(13)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, 2, rng)
+    rho = np.full(len(edges), 0.5)
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=3, keep_stack=True)
+    messages = state.messages.copy()
+    g = rng.normal(size=(9, 2))
+    first = trw_backward(state, g, None)
+    np.testing.assert_array_equal(state.messages, messages)
+    second = trw_backward(state, g, None)
+    np.testing.assert_array_equal(first[0], second[0])
+    np.testing.assert_array_equal(first[1], second[1])
+
+
+# ---------------------------------------------------------------------------
+# fixed-point back-propagation
+# ---------------------------------------------------------------------------
+
+FIXED_POINT_CASES = [
+    ("grid3x3", 2, "0.5", "linear"),
+    ("grid3x3", 3, "0.5", "log"),
+    ("grid3x4", 2, "random", "log"),
+    ("grid3x3", 2, "1", "linear"),  # loopy BP (weak couplings, converges)
+    ("chain5", 3, "1", "log"),
+    ("isolated", 3, "random", "linear"),
+]
+
+
+@pytest.mark.parametrize("graph,K,rho_kind,loss_kind", FIXED_POINT_CASES)
+def test_fixed_point_gradient_matches_finite_differences(graph, K, rho_kind, loss_kind):
+    rng = np.random.default_rng(zlib.crc32(repr((graph, K, rho_kind, loss_kind, "fp")).encode()))
+    n, edges = GRAPHS[graph]()
+    E = len(edges)
+    unary, pairwise = random_model(edges, n, K, rng)
+    rho = make_rho(rho_kind, E, rng)
+    loss = (linear_loss if loss_kind == "linear" else log_loss)(rng, n, E, K)
+
+    def forward(u, p):
+        state = trw_forward(edges, u, p, rho, tol=1e-13, max_iter=5000)
+        assert state.converged
+        return state.unary_marginals, state.pairwise_marginals
+
+    state = trw_forward(edges, unary, pairwise, rho, tol=1e-13, max_iter=5000)
+    assert state.converged
+    _, g_mu, g_mu2 = loss(state.unary_marginals, state.pairwise_marginals)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        grads = trw_backward(state, g_mu, g_mu2, mode="fixed_point", tol=1e-13)
+    check_against_finite_differences(edges, unary, pairwise, rho, loss, forward, grads)
+
+
+def test_fixed_point_warns_when_not_converged():
+    rng = np.random.default_rng(14)
+    edges = grid_edges(3, 3)
+    unary, pairwise = random_model(edges, 9, 2, rng)
+    rho = np.full(len(edges), 0.5)
+    state = trw_forward(edges, unary, pairwise, rho, tol=1e-12)
+    g = rng.normal(size=(9, 2))
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        g_u, g_p = trw_backward(state, g, None, mode="fixed_point", tol=1e-14, max_iter=2)
+    assert np.all(np.isfinite(g_u)) and np.all(np.isfinite(g_p))
+    unconverged = trw_forward(edges, unary, pairwise, rho, n_iter=1)
+    with pytest.warns(RuntimeWarning, match="not a fixed point"):
+        trw_backward(unconverged, g, None, mode="fixed_point")
+
+
+def test_argument_errors():
+    rng = np.random.default_rng(15)
+    edges = grid_edges(2, 2)
+    unary, pairwise = random_model(edges, 4, 2, rng)
+    rho = np.full(len(edges), 0.5)
+    with pytest.raises(ValueError, match="keep_stack"):
+        trw_forward(edges, unary, pairwise, rho, keep_stack=True)
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=2)
+    with pytest.raises(ValueError, match="keep_stack"):
+        trw_backward(state, np.zeros((4, 2)), None, mode="truncated")
+    with pytest.raises(ValueError, match="mode"):
+        trw_backward(state, np.zeros((4, 2)), None, mode="implicit")
