@@ -38,7 +38,9 @@ schedules of Meltzer et al.
 uniform messages: ``softmax(unary)`` and the normalised
 ``exp(theta_c / rho_c + theta_i + theta_j)``); ``n_iter = None`` iterates
 until the largest absolute change of any unary marginal over one iteration is
-below ``tol``, or ``max_iter`` iterations were run.
+below ``tol``, or ``max_iter`` iterations were run. (The rule looks at unary
+marginals only: with saturated marginals, i.e. huge ``|theta|``, it can stop
+while messages still move.)
 
 Numerical stability
 -------------------
@@ -55,9 +57,18 @@ Numerical stability
 - If a normalising sum leaves ``[1e-200, 1e300]`` (underflow or overflow; only
   for huge ``|theta|``), that one message (or marginal) is recomputed in the
   log domain from the raw ``theta`` and the logs of the messages. This rare
-  fallback costs nothing when unused. The backward pass applies the same test
-  and the same fallback, so the gradient is the exact gradient of what the
-  forward pass computes, except where the message floor is active.
+  fallback costs nothing when unused (``TRWState.n_fallback`` counts its uses).
+  The backward pass applies the same test and the same fallback, so the
+  gradient is the exact gradient of what the forward pass computes.
+- A message entry at the floor is a constant of the forward pass, so the
+  backward pass accumulates no adjoint for it (exact for the floored forward,
+  and it keeps the adjoints finite). Step 8(c) is evaluated as
+  ``(A tab) * (nu / m / Z)``, which stays finite because ``A tab <= Z``.
+- Limitation: a message entry smaller than ``1e-300`` cannot be represented,
+  so when parameter differences exceed roughly ``690 rho`` the floor can shift
+  the marginals away from the exact TRW fixed point (they stay finite and
+  normalised). Gradients can overflow only when adjoints are huge *and*
+  messages within a few orders of magnitude of the floor.
 
 Back TRW (paper, Algorithm "Back TRW" and Appendix C)
 ------------------------------------------------------
@@ -83,6 +94,11 @@ Neumann series of the implicit-function gradient.
 
 Implementation notes
 --------------------
+Only products, sums, divisions and (``rho = 0.5``) square roots occur per
+message update; no ``exp``/``log``/``pow`` unless the fallback runs or ``rho``
+is general. The product over the sender's messages runs over its slots
+backwards, which on grid orderings multiplies the most recently updated
+message last (a shorter dependency chain between consecutive updates).
 Messages are stored internally in "slot" order: slot ``k`` of the incidence
 structure (:func:`sklearn_margcrf._graph.incidence`, node by node) holds the
 message from edge ``incidence.edge[k]`` into its node, so the messages into a
@@ -466,7 +482,8 @@ def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, 
 #       unnormalised m0 = Z m_ci, Z = sum s, so s nu / m0 = (s / Z)(nu / m_ci).
 #       (The paper writes nu / m_c(x_i); the division by the normaliser Z is
 #       implicit there.) Let val(x_c) = (s / Z)(nu / m_ci) and h = sum_{x_i} val.
-#   (c) dL/dtheta_c += val / rho_c  (the 1 / rho_c is applied by the caller)
+#   (c) dL/dtheta_c += val / rho_c  (accumulated into g_p in (x_i, x_j) layout;
+#       the common factor 1 / rho_c of every pairwise term is applied at the end)
 #   (d) dL/dtheta_j += h
 #   (e) dL/dm_d(x_j) += (rho_d - [c = d]) h / m_d(x_j) for all d ∋ j
 #   (f) restore m_ci from the stack (truncated mode only)
@@ -476,10 +493,12 @@ def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, 
 @njit(cache=True)
 def _reverse_sweep_k2(
     it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-    g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+    g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
 ):
     """Step 8 for every pair in reverse order, K = 2."""
     keep_pow = stack_pow.shape[0] > 0
+    n_steps = sched.shape[0]
+    n_fwd = n_steps // 2
     for st in range(sched.shape[0] - 1, -1, -1):
         t = sched[st, 0]
         r = sched[st, 1]
@@ -513,10 +532,17 @@ def _reverse_sweep_k2(
             v10 = q[1, 0] * r0
             v11 = q[1, 1] * r1
         # (c)
-        g_t[st, 0, 0] += v00
-        g_t[st, 0, 1] += v01
-        g_t[st, 1, 0] += v10
-        g_t[st, 1, 1] += v11
+        if st < n_fwd:  # forward sweep, c = st, (x_u, x_v) = (x_i, x_j)
+            g_p[st, 0] += v00
+            g_p[st, 1] += v01
+            g_p[st, 2] += v10
+            g_p[st, 3] += v11
+        else:  # backward sweep, c = 2E-1-st, (x_u, x_v) = (x_j, x_i)
+            c = n_steps - 1 - st
+            g_p[c, 0] += v00
+            g_p[c, 2] += v01
+            g_p[c, 1] += v10
+            g_p[c, 3] += v11
         # (d)
         h0 = v00 + v01
         h1 = v10 + v11
@@ -550,11 +576,13 @@ def _reverse_sweep_k2(
 @njit(cache=True)
 def _reverse_sweep_kk(
     it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-    g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+    g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
 ):
     """Step 8 for every pair in reverse order, any K."""
     K = eu.shape[1]
     keep_pow = stack_pow.shape[0] > 0
+    n_steps = sched.shape[0]
+    n_fwd = n_steps // 2
     rv = np.empty(K)
     h = np.empty(K)
     for st in range(sched.shape[0] - 1, -1, -1):
@@ -578,6 +606,16 @@ def _reverse_sweep_kk(
             z += cav[x] * rsum[st, x]
         for x in range(K):
             h[x] = 0.0
+        # (c) goes to g_p[c, x_i * K + x_j]: forward sweep (st < E): c = st,
+        # (x_u, x_v) = (x_i, x_j); backward sweep: c = 2E-1-st, (x_u, x_v) = (x_j, x_i)
+        if st < n_fwd:
+            c = st
+            su = K
+            sv = 1
+        else:
+            c = n_steps - 1 - st
+            su = 1
+            sv = K
         # (loops ordered x_v outer, x_u inner: K independent sums for h)
         if z > _TINY and z < _HUGE:
             # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
@@ -588,7 +626,7 @@ def _reverse_sweep_kk(
                 b = rv[xv]
                 for xu in range(K):
                     val = cav[xu] * tabs[st, xu, xv] * b
-                    g_t[st, xu, xv] += val  # (c)
+                    g_p[c, xu * su + xv * sv] += val  # (c)
                     h[xu] += val
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
@@ -596,7 +634,7 @@ def _reverse_sweep_kk(
                 b = rv[xv]
                 for xu in range(K):
                     val = q[xu, xv] * b
-                    g_t[st, xu, xv] += val  # (c)
+                    g_p[c, xu * su + xv * sv] += val  # (c)
                     h[xu] += val
         # (d)
         for x in range(K):
@@ -650,15 +688,14 @@ def _trw_forward_kernel(
     keep_pow = stack_pow.shape[0] > 0
     fixed = n_iter >= 0
     limit = n_iter if fixed else max_iter
-    ptr_nodes = ptr
     n_fallback = 0
     converged = False
     it = 0
     if not fixed:
-        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, prev)
+        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, prev)
     while it < limit:
         if fixed and it == limit - 1:  # marginals before the last iteration, for .converged
-            n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, prev)
+            n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, prev)
         if keep:  # 2(a): push the messages this iteration overwrites
             stack[it] = M
             if keep_pow:
@@ -674,13 +711,13 @@ def _trw_forward_kernel(
         it += 1
         if fixed and it < limit:
             continue
-        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, mu_u)
+        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u)
         if _max_abs_diff(mu_u, prev) < tol:
             converged = True
             break
         prev[:] = mu_u
     if it == 0:
-        n_fallback += _unary_marginals(ptr_nodes, eu, unary, rho_slot, M, MP, mu_u)  # step 4
+        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u)  # step 4
     n_fallback += _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p)  # step 3
     return it, converged, n_fallback
 
@@ -688,15 +725,14 @@ def _trw_forward_kernel(
 @njit(cache=True)
 def _trw_backward_kernel(
     sched, tabs, rsum, eu, rho_sched, rho_mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
-    edges, ptr, slot_of, rho, stack, stack_pow, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, g_t, fixed_point, tol, max_iter,
+    edges, ptr, slot_of, rho, stack, stack_pow, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, fixed_point, tol, max_iter,
 ):
     """Algorithm "Back TRW", steps 6-8 (step 5, the loss, is the caller's).
 
     ``M`` / ``MP`` / ``IM`` start at the final messages and are restored in
     place from ``stack`` in truncated mode. Gradients are accumulated into
-    ``g_u`` (n, K), ``g_p`` (E, K*K) (step 6, (x_i, x_j) layout, already
-    divided by rho_c) and ``g_t`` (2E, K, K) (step 8, schedule layout, *not*
-    yet divided by rho_c).
+    ``g_u`` (n, K) and ``g_p`` (E, K*K), the latter in (x_i, x_j) layout and
+    *not* yet multiplied by the common factor 1 / rho_c of steps 6(b) and 8(c).
 
     Returns (number of reverse sweeps, largest remaining adjoint message).
     """
@@ -715,14 +751,13 @@ def _trw_backward_kernel(
         i = edges[c, 0]
         j = edges[c, 1]
         backnorm(gmu_p[c], mu_p[c], nu_c)  # 6(a)
-        inv_rho = 1.0 / rho[c]
         for x in range(K):
             row[x] = 0.0
             col[x] = 0.0
         for xi in range(K):
             for xj in range(K):
                 v = nu_c[xi * K + xj]
-                g_p[c, xi * K + xj] += inv_rho * v  # 6(b)
+                g_p[c, xi * K + xj] += v  # 6(b) (times 1 / rho_c at the end)
                 row[xi] += v
                 col[xj] += v
         for x in range(K):  # 6(c)
@@ -758,12 +793,12 @@ def _trw_backward_kernel(
         if use_k2:
             _reverse_sweep_k2(
                 it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-                g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+                g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
             )
         else:
             _reverse_sweep_kk(
                 it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-                g_u, g_t, unary, pairwise, slot_edge, slot_side, nu, cav, q,
+                g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
             )
         n_sweeps += 1
         if fixed_point:
@@ -920,11 +955,11 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
     else:
         MP = np.empty((2 * E, K))
         MP[...] = np.power(1.0 / K, rho_slot)[:, None]
-    if keep_stack and n_iter > 0:
+    stack = stack_pow = _NO_STACK
+    if keep_stack:
         stack = np.empty((n_iter, 2 * E, K))
-        stack_pow = np.empty((n_iter, 2 * E, K)) if mode == _RHO_GENERAL else _NO_STACK
-    else:
-        stack = stack_pow = _NO_STACK
+        if mode == _RHO_GENERAL:
+            stack_pow = np.empty((n_iter, 2 * E, K))
     mu_u = np.empty((n, K))
     mu_p = np.empty((E, K * K))
     it, converged, n_fallback = _trw_forward_kernel(
@@ -1012,32 +1047,21 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             )
     else:
         raise ValueError(f"mode must be 'truncated' or 'fixed_point', got {mode!r}")
-    # The kernel works on the state's own message arrays: fixed-point mode
-    # leaves them unchanged, truncated mode restores them to the uniform start,
-    # so we put the final messages back afterwards (saves two copies).
-    M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
-    if not fixed_point:
-        M_final = M.copy()
-        MP_final = MP.copy() if state.rho_mode == _RHO_GENERAL else None
+    if fixed_point:  # the kernel only reads the messages
+        M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
+    else:  # the kernel restores them from the stack, step by step
+        M = state.slot_messages.copy()
+        IM = state.slot_inverses.copy()
+        MP = M if state.rho_mode == _RHO_ONE else state.slot_powers.copy()
     g_u = np.zeros((n, K))
     g_p = np.zeros((E, K * K))
-    g_t = np.zeros((2 * E, K, K))
-    try:
-        n_sweeps, residual = _trw_backward_kernel(
-            state.sched, state.tabs, state.rsum, state.eu, state.rho_sched, state.rho_mode, K == 2 and _SPECIALISE_K2,
-            M, MP, IM, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
-            edges, state.ptr, state.slot_of, state.rho, stack, stack_pow,
-            state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p,
-            g_u, g_p, g_t, fixed_point, float(tol), int(max_iter),
-        )
-    finally:
-        if not fixed_point:
-            M[...] = M_final
-            np.divide(1.0, M_final, out=IM)
-            if state.rho_mode == _RHO_HALF:
-                np.sqrt(M_final, out=MP)
-            elif state.rho_mode == _RHO_GENERAL:
-                MP[...] = MP_final
+    n_sweeps, residual = _trw_backward_kernel(
+        state.sched, state.tabs, state.rsum, state.eu, state.rho_sched, state.rho_mode, K == 2 and _SPECIALISE_K2,
+        M, MP, IM, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
+        edges, state.ptr, state.slot_of, state.rho, stack, stack_pow,
+        state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p,
+        g_u, g_p, fixed_point, float(tol), int(max_iter),
+    )
     if fixed_point and max_iter > 0 and E > 0 and not residual < tol:
         warnings.warn(
             f"trw_backward(mode='fixed_point') did not converge in {max_iter} reverse sweeps (largest adjoint "
@@ -1045,9 +1069,6 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             RuntimeWarning,
             stacklevel=2,
         )
-    # step 8(c)'s 1 / rho_c, and schedule layout -> (x_i, x_j) layout
-    g_t /= state.rho_sched[:, None, None]
+    g_p /= state.rho[:, None]  # the common 1 / rho_c of steps 6(b) and 8(c)
     grad_pair = g_p.reshape(E, K, K)
-    grad_pair += g_t[:E]
-    grad_pair += g_t[E:][::-1].transpose(0, 2, 1)
     return g_u, grad_pair
