@@ -90,6 +90,7 @@ def main():
         stack_bytes = N * 2 * E * K * 8
         print(f"K={K}: forward {wf:.4f} s wall / {cf:.4f} s CPU;  forward(keep_stack)+backward "
               f"{wb:.4f} s wall / {cb:.4f} s CPU;  peak extra memory {(peak + kernel_scratch) / 2**20:.1f} MiB "
+              f"= {(peak + kernel_scratch) / 1e6:.1f} MB "
               f"(tracemalloc {peak / 2**20:.1f} MiB + kernel adjoints {kernel_scratch / 2**20:.1f} MiB; "
               f"stack alone {stack_bytes / 2**20:.1f} MiB)")
 
