@@ -44,9 +44,9 @@ class InferenceResult:
     n_iter : int
         Iterations run (0 for exact inference).
     converged : bool
-        Whether the convergence threshold was met (always True for exact, and
-        for a fixed ``n_iter`` whether the last iteration changed marginals by
-        less than ``tol`` is not checked: False unless ``n_iter`` is None).
+        Whether the last iteration changed every unary marginal by less than
+        ``tol`` (with a fixed ``n_iter`` too; False when no iteration ran).
+        Always True for exact inference.
     rho : ndarray (E,) or None
         Edge appearance probabilities used (TRW and LBP).
     """
