@@ -16,7 +16,7 @@ The update is the paper's "Mean Field Updates" theorem for pairwise factors,
                               + sum_{e = (j, i) or (i, j)} sum_{x_i} theta_e(x_j, x_i) mu_i(x_i) ),
 
 computed with a max shift before ``exp`` (finite, normalised marginals for
-|theta| up to ~1e3 and beyond). Nodes are updated **sequentially, in
+``|theta|`` up to ~1e3 and beyond). Nodes are updated **sequentially, in
 increasing index order j = 0, 1, ..., n-1**, each update using the newest
 values of its neighbours (Gauss-Seidel / block-coordinate ascent); one
 *iteration* is one such sweep over every node. Duplicate edges are simply

@@ -3,7 +3,7 @@
 Loopy belief propagation is the special case ``rho = 1`` on every edge.
 
 Messages and marginals (paper, Eq. "TRW-msgs" and Theorem "TRW Updates")
------------------------------------------------------------------------
+------------------------------------------------------------------------
 For edge ``c = (i, j)`` the message into ``i`` is ::
 
     m_c(x_i) ∝ sum_{x_j} exp(theta_c(x_i, x_j) / rho_c) A_cj(x_j),
