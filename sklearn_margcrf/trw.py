@@ -240,6 +240,20 @@ def _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_s
             q[xu, xv] /= total
 
 
+@njit(cache=True, inline="always")
+def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho):
+    """Write message entry ``m`` (floored), its inverse and its power ``m ** rho``."""
+    if m < _MSG_FLOOR:
+        m = _MSG_FLOOR
+    M[t, x] = m
+    IM[t, x] = 1.0 / m
+    if rho_mode == _RHO_HALF:
+        MP[t, x] = math.sqrt(m)
+    elif rho_mode == _RHO_GENERAL:
+        MP[t, x] = m ** rho
+    # _RHO_ONE: MP is M
+
+
 @njit(cache=True)
 def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q):
     """Log-domain version of the message update of step ``st`` (fallback)."""
@@ -250,16 +264,7 @@ def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho
         m = 0.0
         for xu in range(K):
             m += q[xu, xv]
-        if m < _MSG_FLOOR:
-            m = _MSG_FLOOR
-        M[t, xv] = m
-        IM[t, xv] = 1.0 / m
-        if rho_mode == _RHO_HALF:
-            MP[t, xv] = math.sqrt(m)
-        elif rho_mode == _RHO_GENERAL:
-            MP[t, xv] = m ** rho_sched[st]
-        else:
-            MP[t, xv] = m
+        _store_message_entry(M, MP, IM, t, xv, m, rho_mode, rho_sched[st])
 
 
 # ---------------------------------------------------------------------------
@@ -406,23 +411,8 @@ def _sweep_k2(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, 
         total = o0 + o1
         if total > _TINY and total < _HUGE:
             inv = 1.0 / total
-            m0 = o0 * inv
-            m1 = o1 * inv
-            if m0 < _MSG_FLOOR:
-                m0 = _MSG_FLOOR
-            if m1 < _MSG_FLOOR:
-                m1 = _MSG_FLOOR
-            M[t, 0] = m0
-            M[t, 1] = m1
-            IM[t, 0] = 1.0 / m0
-            IM[t, 1] = 1.0 / m1
-            if rho_mode == _RHO_HALF:
-                MP[t, 0] = math.sqrt(m0)
-                MP[t, 1] = math.sqrt(m1)
-            elif rho_mode == _RHO_GENERAL:
-                MP[t, 0] = m0 ** rho_sched[st]
-                MP[t, 1] = m1 ** rho_sched[st]
-            # _RHO_ONE: MP is M
+            _store_message_entry(M, MP, IM, t, 0, o0 * inv, rho_mode, rho_sched[st])
+            _store_message_entry(M, MP, IM, t, 1, o1 * inv, rho_mode, rho_sched[st])
         else:
             n_fallback += 1
             _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
@@ -456,15 +446,7 @@ def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, 
         if total > _TINY and total < _HUGE:
             inv = 1.0 / total
             for x in range(K):
-                m = out[x] * inv
-                if m < _MSG_FLOOR:
-                    m = _MSG_FLOOR
-                M[t, x] = m
-                IM[t, x] = 1.0 / m
-                if rho_mode == _RHO_HALF:
-                    MP[t, x] = math.sqrt(m)
-                elif rho_mode == _RHO_GENERAL:
-                    MP[t, x] = m ** rho_sched[st]
+                _store_message_entry(M, MP, IM, t, x, out[x] * inv, rho_mode, rho_sched[st])
         else:
             n_fallback += 1
             _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
