@@ -47,15 +47,13 @@ from sklearn.utils.validation import check_is_fitted, check_random_state
 
 from ._graph import validate_edges
 from .edge_appearance import RHO_RULES
-from .gradients import LOSSES, check_combination, loss_and_grad
+from .gradients import GRADIENT_MODES, INFERENCE_FREE_LOSSES, INFERENCE_METHODS, LOSSES, check_combination, loss_and_grad
 from .inference import infer
 from .sample import as_sample, labels_to_grid, marginals_to_image
 
 __all__ = ["MarginalCRF"]
 
-GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
-INFERENCE_FREE_LOSSES = ("pseudolikelihood", "piecewise")  # no inference in training
-INFERENCE_CHOICES = ("trw", "lbp", "mean_field", "exact", "independent")
+INFERENCE_CHOICES = INFERENCE_METHODS + ("independent",)
 
 
 # ---------------------------------------------------------------------------

@@ -231,6 +231,14 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
 # ---------------------------------------------------------------------------
 
 
+def _model_and_labels(edges, unary, pairwise, labels):
+    """Arrays of a model (int64 edges, float64 theta) and its label masks."""
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    unary = np.asarray(unary, dtype=np.float64)
+    pairwise = np.asarray(pairwise, dtype=np.float64)
+    return (edges, unary, pairwise) + tuple(_labels_and_mask(labels))
+
+
 def pseudolikelihood(edges, unary, pairwise, labels):
     """Negative pseudolikelihood ``-sum_i log p(x_i | x_N(i))`` and its gradient.
 
@@ -247,12 +255,9 @@ def pseudolikelihood(edges, unary, pairwise, labels):
     grad_unary : (n, K) ndarray
     grad_pairwise : (E, K, K) ndarray
     """
-    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    unary = np.asarray(unary, dtype=np.float64)
-    pairwise = np.asarray(pairwise, dtype=np.float64)
+    edges, unary, pairwise, labels, observed, safe = _model_and_labels(edges, unary, pairwise, labels)
     n, k = unary.shape
     n_edges = edges.shape[0]
-    labels, observed, safe = _labels_and_mask(labels)
     src, dst = edges[:, 0], edges[:, 1]
     ar = np.arange(n_edges)
 
@@ -298,12 +303,9 @@ def piecewise(edges, unary, pairwise, labels):
     grad_unary : (n, K) ndarray
     grad_pairwise : (E, K, K) ndarray
     """
-    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    unary = np.asarray(unary, dtype=np.float64)
-    pairwise = np.asarray(pairwise, dtype=np.float64)
+    edges, unary, pairwise, labels, observed, safe = _model_and_labels(edges, unary, pairwise, labels)
     n, k = unary.shape
     n_edges = edges.shape[0]
-    labels, observed, safe = _labels_and_mask(labels)
 
     node_value = unary[np.arange(n), safe] - logsumexp(unary, axis=1)
     grad_unary = softmax(unary, axis=1)
