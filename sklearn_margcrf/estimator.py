@@ -39,6 +39,7 @@ from joblib import effective_n_jobs
 from joblib.parallel import get_active_backend
 from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, _fit_context
+from threadpoolctl import threadpool_limits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import ClassifierTags
 from sklearn.utils._param_validation import Interval, Options, StrOptions
@@ -374,7 +375,11 @@ class _ParallelMap:
 
     def __call__(self, func, *args):
         if self._parallel is None:
-            return [func(chunk, *args) for chunk in self.chunks]
+            # The per-image products are small and the kernels single-threaded:
+            # BLAS threads only oversubscribe the cores here (joblib's workers
+            # get the same limit from joblib itself).
+            with threadpool_limits(limits=1, user_api="blas"):
+                return [func(chunk, *args) for chunk in self.chunks]
         data = self._futures if self._futures is not None else self.chunks
         return self._parallel(delayed(func)(chunk, *args) for chunk in data)
 
