@@ -1,0 +1,57 @@
+"""examples/horses.py runs end to end on tiny Weizmann-format data."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("skimage", reason="the example reads JPEGs with scikit-image")
+pytest.importorskip("matplotlib", reason="the example saves a figure")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+import horses  # noqa: E402
+from test_datasets import horses_dir  # noqa: E402, F401  (3 tiny horses in the original layout)
+
+
+def test_horses_example(horses_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "results"
+    rows = ["surrogate-trw", "ulogistic-trw", "smooth50", "ulogistic-mnf", "pseudo", "independent"]
+    results = horses.main([
+        "--data", str(horses_dir.parent), "--out", str(out), "--n-jobs", "1",
+        "--split", "2", "--n-train", "2", "--n-test", "1", "--max-iter", "2", "--iters", "3", "5",
+        "--rows", ",".join(rows),
+    ])
+    expected = {(k, n) for k in rows[:4] for n in (3, 5)} | {("pseudo", None), ("independent", None)}
+    assert set(results) == expected
+    for row in results.values():
+        assert 0.0 <= row["train"] <= 1.0 and 0.0 <= row["test"] <= 1.0
+        assert row["lbfgs_iterations"] <= 2
+    table = (out / "horses_table.txt").read_text()
+    assert "univariate logistic MNF" in table and "pseudolikelihood TRW" in table and "Timings on" in table
+    assert (out / "horses_marginals.png").stat().st_size > 0
+    assert len(json.loads((out / "horses_results.json").read_text())) == len(expected)
+
+
+def test_horses_downscaled(horses_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "results"
+    results = horses.main([
+        "--data", str(horses_dir), "--out", str(out), "--n-jobs", "1", "--scale", "0.5",
+        "--split", "2", "--n-train", "1", "--n-test", "1", "--max-iter", "2", "--iters", "2",
+        "--rows", "clogistic-trw,piecewise",
+    ])
+    errors = np.array([v for row in results.values() for v in (row["train"], row["test"])])
+    assert np.all((errors >= 0) & (errors <= 1))
+    assert "at scale 0.5" in (out / "horses_table.txt").read_text()
+
+
+def test_horses_downscale_labels():
+    image = np.zeros((20, 30, 3), np.uint8)
+    labels = np.zeros((20, 30), np.int64)
+    labels[:, 15:] = 1
+    small, small_labels = horses._downscale(image, labels, 0.5)
+    assert small.shape == (10, 15, 3) and small.dtype == np.uint8
+    assert small_labels.shape == (10, 15)
+    assert small_labels[:, :7].max() == 0 and small_labels[:, 8:].min() == 1
