@@ -9,7 +9,10 @@ A gradient mode combines an inference method with a loss ``Q(mu, theta)``:
     overwritten messages from a stack.
 ``"backprop"`` (remark after Algorithm "Back TRW")
     Inference runs to ``tol``; the reverse sweeps are repeated at the converged
-    messages, without a stack, until the adjoints converge.
+    messages, without a stack, until the adjoints converge. If they diverge
+    (inference stopped at a loose threshold away from an attractive fixed
+    point), the gradient is taken through exactly the iterations inference ran
+    instead, with a :class:`~sklearn_margcrf.exceptions.BackpropFallbackWarning`.
 ``"perturbation"`` (Sec. "Perturbation")
     ``dL/dtheta = lim (mu(theta + r dQ/dmu) - mu(theta - r dQ/dmu)) / 2r``,
     with 1-, 2- or 4-sided differences and
@@ -29,11 +32,13 @@ is the exact gradient of the paper's truncated partition function.
 """
 
 import numbers
+import warnings
 
 import numpy as np
 
 from ._graph import check_positive, validate_model
 from .entropy import mean_field_entropy, trw_entropy
+from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import check_iteration_controls, check_method, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
 
@@ -45,6 +50,7 @@ LOSSES = MARGINAL_LOSSES + LIKELIHOOD_LOSSES + INFERENCE_FREE_LOSSES
 GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
 INFERENCE_METHODS = ("trw", "lbp", "mean_field", "exact")
 SIDES = (1, 2, 4)
+MAX_FALLBACK_STACK_BYTES = 2 * 2**30  # memory the backprop fallback may use for its stack
 
 
 def check_combination(loss, inference, gradient_mode):
@@ -99,13 +105,15 @@ class _Problem:
         self.sides, self.multiplier = sides, multiplier
         self.kernel = {"trw": "trw", "lbp": "trw", "mean_field": "mean_field", "exact": "exact"}[inference]
 
-    def forward(self, unary=None, pairwise=None, keep_stack=None):
+    def forward(self, unary=None, pairwise=None, keep_stack=None, n_iter="default"):
         unary = self.unary if unary is None else unary
         pairwise = self.pairwise if pairwise is None else pairwise
         if keep_stack is None:
             keep_stack = self.mode == "truncated"
+        if n_iter == "default":
+            n_iter = self.n_iter
         return run_inference(
-            self.edges, unary, pairwise, self.inference, self.rho, self.n_iter, self.tol, self.max_iter, keep_stack
+            self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack
         )
 
     def entropy(self, result, gradient=False):
@@ -118,13 +126,10 @@ class _Problem:
 
     def backward(self, state, result, grad_unary_marginals, grad_pairwise_marginals):
         """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
-        if self.mode in ("truncated", "backprop"):
-            kernel_mode = "truncated" if self.mode == "truncated" else "fixed_point"
-            if self.kernel == "trw":
-                from .trw import trw_backward as backward
-            else:
-                from .mean_field import mean_field_backward as backward
-            return backward(state, grad_unary_marginals, grad_pairwise_marginals, mode=kernel_mode, tol=self._adjoint_tol())
+        if self.mode == "truncated":
+            return self._kernel_backward()(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
+        if self.mode == "backprop":
+            return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
         # implicit
@@ -136,10 +141,48 @@ class _Problem:
 
         return implicit_gradient(self.edges, result.unary, result.pairwise, self.rho, grad_unary_marginals, grad_pairwise_marginals)
 
-    def _adjoint_tol(self):
-        # The reverse sweeps of back-propagation converge at the rate of the
-        # forward ones; ask for adjoints as tight as the forward threshold.
-        return min(self.tol, 1e-8)
+    def _kernel_backward(self):
+        if self.kernel == "trw":
+            from .trw import trw_backward
+
+            return trw_backward
+        from .mean_field import mean_field_backward
+
+        return mean_field_backward
+
+    def _backprop(self, state, grad_unary_marginals, grad_pairwise_marginals):
+        """Stack-free reverse sweeps at the converged messages (Eaton and Ghahramani).
+
+        They converge at the rate of the forward iteration, so a few times its
+        iteration count suffices near an attractive fixed point. When inference
+        stopped at a loose threshold they can instead diverge; then the
+        gradient is computed by back-propagating through exactly the
+        iterations inference ran (re-run with a stack), which is the exact
+        gradient of the reported loss, and a BackpropFallbackWarning says so.
+        """
+        backward = self._kernel_backward()
+        sweeps = 4 * int(state.n_iter) + 100
+        try:
+            return backward(
+                state, grad_unary_marginals, grad_pairwise_marginals, mode="fixed_point",
+                tol=min(self.tol, 1e-8), max_iter=sweeps, on_divergence="raise",
+            )
+        except BackpropDivergenceError as exc:
+            n_states = self.unary.shape[1]
+            stack_bytes = 8 * int(state.n_iter) * max(2 * self.edges.shape[0] * n_states, self.unary.size)
+            if stack_bytes > MAX_FALLBACK_STACK_BYTES:
+                raise BackpropDivergenceError(
+                    f"{exc}; differentiating the {state.n_iter} forward iterations instead would need "
+                    f"{stack_bytes / 2**30:.1f} GiB: use a tighter tol or gradient_mode='truncated'"
+                ) from None
+            warnings.warn(
+                f"gradient_mode='backprop': {exc}; the gradient was computed through the "
+                f"{state.n_iter} forward iterations instead (exact for the reported loss)",
+                BackpropFallbackWarning,
+                stacklevel=4,
+            )
+            stacked_state = self.forward(keep_stack=True, n_iter=int(state.n_iter))[0]
+            return backward(stacked_state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
 
     def _perturbation(self, result, grad_unary_marginals, grad_pairwise_marginals):
         """Paper's Algorithm "Calculating dL/dtheta by perturbation" (1-, 2-, 4-sided)."""

@@ -60,6 +60,9 @@ from numba import njit
 
 from ._backnorm import backnorm
 from ._graph import check_n_iter, check_positive, incidence
+from .exceptions import BackpropDivergenceError
+
+_ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
 
 __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
 
@@ -402,7 +405,7 @@ def _mf_backward_fixed_point(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
                 v = abs(gmu[i, a])
                 if v > largest:
                     largest = v
-        if largest < tol:
+        if largest < tol or not largest < _ADJOINT_BLOWUP:
             break
     return sweeps, largest
 
@@ -513,7 +516,7 @@ def _check_grad(grad, shape, name):
 
 
 def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated",
-                        tol=1e-10, max_iter=10000):
+                        tol=1e-10, max_iter=10000, on_divergence="warn"):
     """Gradient of a loss of the mean-field marginals with respect to theta.
 
     Parameters
@@ -535,6 +538,10 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
     max_iter : int
         Fixed-point mode: maximum number of reverse sweeps; if reached, a
         ``RuntimeWarning`` is issued and the current estimate is returned.
+    on_divergence : {"warn", "raise"}
+        Fixed-point mode: when the sweeps do not converge (or blow up, which
+        stops them early), warn as above or raise
+        :class:`~sklearn_margcrf.exceptions.BackpropDivergenceError`.
 
     Returns
     -------
@@ -581,7 +588,11 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
         sweeps, largest = _mf_backward_fixed_point(inc_r.ptr, inc_r.edge, inc_r.side, edges_r,
                                                    pairwise_r, mu_r, gmu_r, g_unary_r,
                                                    g_pairwise_r, tol, max_iter)
-        if largest >= tol:
+        if not largest < tol:
+            if on_divergence == "raise":
+                raise BackpropDivergenceError(
+                    f"back mean field at the converged marginals did not converge in {sweeps} reverse "
+                    f"sweeps (largest adjoint {largest:.3g}, tol {tol:g})")
             warnings.warn(
                 f"fixed-point back mean field did not converge in {sweeps} reverse sweeps "
                 f"(largest remaining adjoint {largest:.3g} >= tol {tol:.3g}); "

@@ -117,10 +117,12 @@ from numba import njit
 
 from ._backnorm import backnorm
 from ._graph import incidence
+from .exceptions import BackpropDivergenceError
 
 __all__ = ["TRWState", "trw_forward", "trw_backward"]
 
 _MSG_FLOOR = 1e-300  # smallest message entry
+_ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
 _TINY = 1e-200  # normalising sums below this use the log-domain path
 _HUGE = 1e300  # ... and so do sums above this
 _IM_FLOORED = 1.0 / _MSG_FLOOR  # inverse of a floored message entry
@@ -790,7 +792,7 @@ def _trw_backward_kernel(
                     v = abs(Madj[k, x])
                     if v > residual:
                         residual = v
-            if residual < tol:
+            if residual < tol or not residual < _ADJOINT_BLOWUP:
                 break
     return n_sweeps, residual
 
@@ -979,7 +981,8 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
     )
 
 
-def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated", tol=1e-10, max_iter=10000):
+def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated", tol=1e-10, max_iter=10000,
+                 on_divergence="warn"):
     """Gradient of a loss of the TRW marginals with respect to the parameters.
 
     Parameters
@@ -996,6 +999,10 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         until the largest adjoint message is below ``tol``; after ``max_iter``
         sweeps a RuntimeWarning is issued and the current estimate returned.
     tol, max_iter : used by "fixed_point" only.
+    on_divergence : {"warn", "raise"}
+        "fixed_point" only: when the reverse sweeps do not converge (or blow
+        up, which stops them early), warn and return the current estimate, or
+        raise :class:`~sklearn_margcrf.exceptions.BackpropDivergenceError`.
 
     Returns
     -------
@@ -1045,6 +1052,11 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         g_u, g_p, fixed_point, float(tol), int(max_iter),
     )
     if fixed_point and max_iter > 0 and E > 0 and not residual < tol:
+        if on_divergence == "raise":
+            raise BackpropDivergenceError(
+                f"back TRW at the converged messages did not converge in {n_sweeps} reverse sweeps "
+                f"(largest adjoint message {residual:.3g}, tol {tol:g})"
+            )
         warnings.warn(
             f"trw_backward(mode='fixed_point') did not converge in {max_iter} reverse sweeps (largest adjoint "
             f"message {residual:.3g} >= tol={tol:g}); returning the current estimate",

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from reference import brute_force, joint_scores, random_model
 
-from sklearn_margcrf import grid_edges, loss_and_grad
+from sklearn_margcrf import grid_edges, infer, loss_and_grad
+from sklearn_margcrf.exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, check_combination
 
 MARGINAL_AND_LIKELIHOOD = ["univariate_logistic", "clique_logistic", "univariate_quadratic", "smooth_classification", "surrogate_likelihood"]
@@ -172,3 +173,37 @@ def test_every_documented_loss_is_accepted():
     for loss in LOSSES:
         value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, loss=loss, n_iter=3)
         assert np.isfinite(value) and gu.shape == unary.shape and gp.shape == pairwise.shape
+
+
+def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
+    # A frustrated, strongly coupled grid on which loopy BP does not converge:
+    # stack-free reverse sweeps at its last messages do not converge either.
+    rng = np.random.default_rng(245)
+    edges = grid_edges(4, 4)
+    unary, pairwise = rng.normal(0, 0.3, (16, 2)), rng.normal(0, 2.5, (len(edges), 2, 2))
+    labels = rng.integers(0, 2, 16)
+    with pytest.warns(BackpropFallbackWarning, match="forward iterations"):
+        value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, inference="lbp", gradient_mode="backprop", tol=1e-3)
+    n_iter = infer(edges, unary, pairwise, method="lbp", tol=1e-3).n_iter
+    expected = loss_and_grad(edges, unary, pairwise, labels, inference="lbp", gradient_mode="truncated", n_iter=n_iter)
+    assert value == expected[0]
+    np.testing.assert_allclose(gu, expected[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gp, expected[2], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", ["trw", "mean_field"])
+def test_fixed_point_backward_can_raise_instead_of_warning(kernel):
+    edges, unary, pairwise, labels = make_problem((3, 3), 7)
+    if kernel == "trw":
+        from sklearn_margcrf.trw import trw_backward as backward, trw_forward
+
+        state = trw_forward(edges, unary, pairwise, np.full(len(edges), 0.5), tol=1e-12)
+    else:
+        from sklearn_margcrf.mean_field import mean_field_backward as backward, mean_field_forward
+
+        state = mean_field_forward(edges, unary, pairwise, tol=1e-12)
+    grad = np.random.default_rng(0).normal(size=unary.shape)  # not constant: its backnorm is not zero
+    with pytest.raises(BackpropDivergenceError, match="did not converge"):
+        backward(state, grad, None, mode="fixed_point", tol=1e-14, max_iter=1, on_divergence="raise")
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        backward(state, grad, None, mode="fixed_point", tol=1e-14, max_iter=1)
