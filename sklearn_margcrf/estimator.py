@@ -507,6 +507,9 @@ class MarginalCRF(BaseEstimator):
     loss_curve_ : list of float
         Objective after each L-BFGS iteration of the final fit (stages of
         ``incremental`` one after the other, each on its own subset).
+    time_curve_ : list of float
+        Seconds since the start of ``fit`` at each entry of ``loss_curve_``
+        (initialising fits included in the clock), for objective-vs-time plots.
     fit_time_ : float
         Wall-clock seconds of ``fit`` (including the initialising fits).
     kernel_time_ : float
@@ -744,7 +747,7 @@ class MarginalCRF(BaseEstimator):
             and self.inference != "independent"
         )
 
-        info = {"n_iter": 0, "n_restarts": 0, "loss_curve": []}
+        info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
         for stage, (indices, stage_max_iter) in enumerate(stages):
             last = stage == len(stages) - 1
@@ -781,6 +784,7 @@ class MarginalCRF(BaseEstimator):
             info["n_iter"] += stage_info["n_iter"]
             info["n_restarts"] += stage_info["n_restarts"]
             info["loss_curve"] += stage_info["loss_curve"]
+            info["time_curve"] += stage_info["time_curve"]
 
         self.unary_coef_ = unary_coef
         self.pairwise_coef_ = pairwise_coef
@@ -791,6 +795,7 @@ class MarginalCRF(BaseEstimator):
         self.n_iter_ = info["n_iter"]
         self.n_restarts_ = info["n_restarts"]
         self.loss_curve_ = info["loss_curve"]
+        self.time_curve_ = info["time_curve"]
         self.kernel_time_ = stats["kernel_time"]
         self.fit_time_ = time.perf_counter() - start
         return self
@@ -833,6 +838,7 @@ class MarginalCRF(BaseEstimator):
         """L-BFGS-B with restarts after an abnormal line search."""
         last = {"x": None, "f": np.nan, "g": None}
         curve = []
+        times = []
 
         def fun(w):
             f, g = objective(w)
@@ -842,6 +848,7 @@ class MarginalCRF(BaseEstimator):
         def callback(intermediate_result):
             f = float(intermediate_result.fun)
             curve.append(f)
+            times.append(time.perf_counter() - stats["start"])
             if self.verbose > 0:
                 g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
@@ -875,7 +882,7 @@ class MarginalCRF(BaseEstimator):
             warnings.warn(message, ConvergenceWarning)
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
-        return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve}
+        return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve, "time_curve": times}
 
     # -- prediction -----------------------------------------------------------------
 

@@ -607,3 +607,14 @@ def test_inputs_are_not_mutated_and_read_only_ok(data):
     estimator = fit_quietly(MarginalCRF(**FAST), X, y)
     estimator.predict(X)
     assert estimator.score(X, y) > 0.5
+
+
+def test_time_curve_follows_the_loss_curve():
+    rng = np.random.default_rng(3)
+    edges = grid_edges(5, 5)
+    X = [(np.c_[np.ones(25), rng.normal(size=25)], edges, np.ones((len(edges), 1))) for _ in range(2)]
+    y = [rng.integers(0, 2, 25) for _ in range(2)]
+    est = MarginalCRF(n_iter=3, max_iter=5).fit(X, y)
+    assert len(est.time_curve_) == len(est.loss_curve_) == est.n_iter_
+    assert np.all(np.diff(est.time_curve_) >= 0)
+    assert 0 <= est.time_curve_[0] and est.time_curve_[-1] <= est.fit_time_
