@@ -25,7 +25,6 @@ A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
   result does not depend on ``n_jobs`` or on the backend.
 """
 
-import numbers
 import os
 import shutil
 import tempfile
@@ -536,7 +535,7 @@ class MarginalCRF(BaseEstimator):
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "n_states": [None, Interval(Integral, 2, None, closed="left")],
         "init": [StrOptions({"independent", "zeros"})],
-        "n_jobs": [None, Integral],
+        "n_jobs": [None, Interval(Integral, None, -1, closed="right"), Interval(Integral, 1, None, closed="left")],
         "verbose": ["verbose"],
         "warm_start": ["boolean"],
         "random_state": ["random_state"],
@@ -615,6 +614,11 @@ class MarginalCRF(BaseEstimator):
         """ValueError for a combination that does not apply, before any work."""
         if inference == "independent":
             check_combination(loss, "trw", "truncated")
+            if loss == "clique_logistic":
+                raise ValueError(
+                    "loss='clique_logistic' does not apply to inference='independent': the independent "
+                    "model has no edges, so there are no clique terms to fit"
+                )
             return
         try:
             check_combination(loss, inference, self.gradient_mode)
@@ -672,11 +676,7 @@ class MarginalCRF(BaseEstimator):
             iterations //= 2
 
     def _n_chunks(self, n_samples):
-        try:
-            n_workers = effective_n_jobs(self.n_jobs)
-        except Exception:  # a backend that cannot tell: one batch per image
-            n_workers = n_samples
-        return max(1, min(int(n_workers), n_samples))
+        return max(1, min(int(effective_n_jobs(self.n_jobs)), n_samples))
 
     def _log(self, message):
         if self.verbose > 0:

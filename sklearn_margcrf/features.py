@@ -146,14 +146,24 @@ def _check_images(X, *, colour):
             raise ValueError(f"image {index} is empty: shape {image.shape}")
         if image.dtype == bool:
             image = image.astype(np.float64)
-        elif np.issubdtype(image.dtype, np.integer):
+        elif image.dtype in (np.uint8, np.uint16):
             image = img_as_float(image)
         elif np.issubdtype(image.dtype, np.floating):
             image = image.astype(np.float64, copy=False)
+        elif np.issubdtype(image.dtype, np.integer):
+            raise TypeError(
+                f"image {index} has dtype {image.dtype}: give uint8 / uint16 images (scaled by their "
+                "maximum) or floats in [0, 1]; convert other integer images to float in [0, 1]"
+            )
         else:
             raise TypeError(f"image {index} must hold numbers, got dtype {image.dtype}")
         if not np.all(np.isfinite(image)):
             raise ValueError(f"image {index} contains NaN or infinite values")
+        if image.min() < 0.0 or image.max() > 1.0:
+            raise ValueError(
+                f"image {index} has values in [{image.min():.3g}, {image.max():.3g}]: float images must lie "
+                "in [0, 1] (the feature thresholds assume that scale)"
+            )
         if colour and image.ndim == 2:
             image = gray2rgb(image)
         elif not colour and image.ndim == 3:

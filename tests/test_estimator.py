@@ -618,3 +618,17 @@ def test_time_curve_follows_the_loss_curve():
     assert len(est.time_curve_) == len(est.loss_curve_) == est.n_iter_
     assert np.all(np.diff(est.time_curve_) >= 0)
     assert 0 <= est.time_curve_[0] and est.time_curve_[-1] <= est.fit_time_
+
+
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(loss="clique_logistic", inference="independent"), "no clique terms"),
+        (dict(n_jobs=0), "n_jobs"),
+    ],
+)
+def test_rejected_before_any_work(params, match):
+    edges = grid_edges(3, 3)
+    X = [(np.ones((9, 1)), edges, np.ones((len(edges), 1)))]
+    with pytest.raises(ValueError, match=match):
+        MarginalCRF(**params).fit(X, [np.zeros(9, dtype=int)])

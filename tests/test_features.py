@@ -381,3 +381,22 @@ def test_pipeline_round_trip_reduced_resolution_with_hidden_labels():
     assert proba.shape == (20, 25, 3)  # at the image's own size
     np.testing.assert_allclose(proba.sum(axis=-1), 1.0)
     assert model.predict(images[:1])[0].shape == (20, 25)
+
+
+@pytest.mark.parametrize(
+    "image,error,match",
+    [
+        (np.array([[0, 1, 1], [1, 0, 0]]), TypeError, "int64"),
+        (np.array([[0.0, 2.0], [0.5, 0.5]]), ValueError, r"\[0, 1\]"),
+        (np.array([[-0.5, 0.2], [0.5, 0.5]]), ValueError, r"\[0, 1\]"),
+    ],
+)
+def test_images_out_of_scale_are_rejected(image, error, match):
+    with pytest.raises(error, match=match):
+        DenoisingFeatures().transform([image])
+
+
+def test_uint8_images_are_scaled_by_255():
+    image = np.array([[0, 255], [51, 102]], dtype=np.uint8)
+    values = DenoisingFeatures().transform([image])[0].node_features[:, 1]
+    np.testing.assert_allclose(values, [0.0, 1.0, 0.2, 0.4])
