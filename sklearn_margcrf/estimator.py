@@ -253,13 +253,49 @@ def _empty_model(n_states):
     return np.zeros((0, 2), dtype=np.int64), np.zeros((0, n_states, n_states))
 
 
+class _RecordedWarnings:
+    """Record the warnings raised in a block (in a worker or in-process):
+    ``summary()`` is ``{(category, first line of the message): count}``, which
+    pickles back to the caller, where :func:`_report_warnings` issues each once."""
+
+    def __enter__(self):
+        self._context = warnings.catch_warnings(record=True)
+        self._records = self._context.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._context.__exit__(*exc)
+        return False
+
+    def summary(self):
+        counts = {}
+        for record in self._records:
+            key = (record.category, str(record.message).split("\n")[0])
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+
+def _merge_warnings(total, counts):
+    for key, n in counts.items():
+        total[key] = total.get(key, 0) + n
+
+
+def _report_warnings(counts, where):
+    """Issue each recorded warning once, with how often it occurred."""
+    for (category, message), n in counts.items():
+        times = f" ({n} times)" if n > 1 else ""
+        warnings.warn(f"{where}: {message}{times}", category, stacklevel=3)
+
+
 def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
     """Loss and weight gradients of every image of a batch (worker side).
 
-    Returns ``(per_image, kernel_seconds)`` with ``per_image`` a list of
-    ``(value, dL/dF, dL/dG)`` in the batch's image order.
+    Returns ``(per_image, kernel_seconds, warnings)`` with ``per_image`` a list
+    of ``(value, dL/dF, dL/dG)`` in the batch's image order and the warnings
+    the batch raised, summarised (:class:`_RecordedWarnings`), so that the
+    caller reports them whatever the joblib backend.
     """
-    n_states = unary_coef.shape[0]
     independent = config["inference"] == "independent"
     kwargs = {k: config[k] for k in ("loss", "n_iter", "tol", "max_iter", "alpha", "sides", "multiplier")}
     if independent:
@@ -270,30 +306,40 @@ def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
         kwargs.update(inference=config["inference"], gradient_mode=config["gradient_mode"], rho=config["rho"])
     out = []
     kernel = 0.0
-    for node_features, edges, edge_features, labels in _chunk_images(chunk):
-        unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
-        if independent:
-            edges, pairwise = _empty_model(n_states)
-        elif not edges.flags.writeable:
-            # Memory-mapped batch: the kernels accept read-only arrays, but numba
-            # compiles them as a separate signature; a copy of the (small) edge
-            # list keeps one compiled version per kernel.
-            edges = np.array(edges)
-        start = time.perf_counter()
-        value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
-        kernel += time.perf_counter() - start
-        grad_f = grad_unary.T @ node_features
-        if independent:
-            grad_g = np.zeros_like(pairwise_coef)
-        else:
-            grad_g = (grad_pairwise.reshape(-1, n_states * n_states).T @ edge_features).reshape(pairwise_coef.shape)
-        out.append((float(value), grad_f, grad_g))
-    return out, kernel
+    with _RecordedWarnings() as recorded:
+        for node_features, edges, edge_features, labels in _chunk_images(chunk):
+            out.append(_image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pairwise_coef,
+                                        independent, kwargs))
+            kernel += out[-1][3]
+    return [item[:3] for item in out], kernel, recorded.summary()
+
+
+def _image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pairwise_coef, independent, kwargs):
+    """(loss, dL/dF, dL/dG, kernel seconds) of one image."""
+    n_states = unary_coef.shape[0]
+    unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
+    if independent:
+        edges, pairwise = _empty_model(n_states)
+    elif not edges.flags.writeable:
+        # Memory-mapped batch: the kernels accept read-only arrays, but numba
+        # compiles them as a separate signature; a copy of the (small) edge
+        # list keeps one compiled version per kernel.
+        edges = np.array(edges)
+    start = time.perf_counter()
+    value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
+    kernel = time.perf_counter() - start
+    grad_f = grad_unary.T @ node_features
+    if independent:
+        grad_g = np.zeros_like(pairwise_coef)
+    else:
+        grad_g = (grad_pairwise.reshape(-1, n_states * n_states).T @ edge_features).reshape(pairwise_coef.shape)
+    return float(value), grad_f, grad_g, kernel
 
 
 def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
     """Unary marginals (n, K) of every image of a batch (worker side)."""
     out = []
+    not_converged = 0
     for node_features, edges, edge_features, _ in _chunk_images(chunk):
         unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
         if config["inference"] == "independent" or edges.shape[0] == 0:
@@ -306,8 +352,9 @@ def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
                 tol=config["tol"], max_iter=config["max_iter"], rho=config["rho"],
             )
             mu = result.unary
+            not_converged += config["n_iter"] is None and not result.converged
         out.append(mu)
-    return out
+    return out, not_converged
 
 
 def _shared_memory_dir():
@@ -724,7 +771,7 @@ class MarginalCRF(BaseEstimator):
                 UserWarning,
             )
 
-        stats = {"start": start, "kernel_time": 0.0}
+        stats = {"start": start, "kernel_time": 0.0, "warnings": {}}
         if warm:
             unary_coef = self.unary_coef_.copy()
             pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
@@ -797,6 +844,7 @@ class MarginalCRF(BaseEstimator):
         self.loss_curve_ = info["loss_curve"]
         self.time_curve_ = info["time_curve"]
         self.kernel_time_ = stats["kernel_time"]
+        _report_warnings(stats["warnings"], "during fit, in per-image loss_and_grad calls")
         self.fit_time_ = time.perf_counter() - start
         return self
 
@@ -812,8 +860,9 @@ class MarginalCRF(BaseEstimator):
             G = w[size_f:].reshape(shape_g) if not independent else np.zeros(shape_g)
             results = pmap(_chunk_loss_grad, F, G, config)
             per_image = [None] * pmap.n_images
-            for (batch, seconds), index in zip(results, pmap.indices):
+            for (batch, seconds, recorded), index in zip(results, pmap.indices):
                 stats["kernel_time"] += seconds
+                _merge_warnings(stats["warnings"], recorded)
                 for k, item in zip(index, batch):
                     per_image[k] = item
             value = 0.0
@@ -894,11 +943,20 @@ class MarginalCRF(BaseEstimator):
         groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
         chunks = [_pack(samples, None, g) for g in groups]
         marginals = [None] * len(samples)
+        not_converged = 0
         with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
             results = pmap(_chunk_marginals, self.unary_coef_, self.pairwise_coef_, self._predict_config())
-            for group, batch in zip(pmap.indices, results):
+            for group, (batch, count) in zip(pmap.indices, results):
+                not_converged += count
                 for k, mu in zip(group, batch):
                     marginals[k] = mu
+        if not_converged:
+            warnings.warn(
+                f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "
+                f"iterations on {not_converged} of {len(samples)} samples; their marginals are not converged",
+                ConvergenceWarning,
+                stacklevel=3,
+            )
         return samples, marginals
 
     def predict_proba(self, X):

@@ -105,7 +105,7 @@ def test_chain_rule_gradient_matches_finite_differences():
     config = MarginalCRF(n_iter=5)._config("univariate_logistic", "trw", n_states)
 
     def total(F, G):
-        out, _ = _chunk_loss_grad(chunk, F, G, config)
+        out, _, _ = _chunk_loss_grad(chunk, F, G, config)
         return sum(v for v, _, _ in out), sum(gf for _, gf, _ in out), sum(gg for _, _, gg in out)
 
     _, grad_f, grad_g = total(F, G)
@@ -145,7 +145,7 @@ def test_independent_fast_path_agrees_with_loss_and_grad():
     F = rng.normal(size=(n_states, 4))
     G = np.zeros((n_states, n_states, 2))
     config = MarginalCRF()._config("univariate_logistic", "independent", n_states)
-    out, _ = _chunk_loss_grad(_pack(samples, labels, [0, 1, 2]), F, G, config)
+    out, _, _ = _chunk_loss_grad(_pack(samples, labels, [0, 1, 2]), F, G, config)
     n_labelled = sum(int((lab >= 0).sum()) for lab in labels)
     value, grad = _LogisticData(samples, labels).loss_grad(F.ravel(), F.shape, n_labelled, 0.0)
     assert value == pytest.approx(sum(v for v, _, _ in out) / n_labelled, rel=1e-10)
@@ -632,3 +632,18 @@ def test_rejected_before_any_work(params, match):
     X = [(np.ones((9, 1)), edges, np.ones((len(edges), 1)))]
     with pytest.raises(ValueError, match=match):
         MarginalCRF(**params).fit(X, [np.zeros(9, dtype=int)])
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_worker_warnings_reach_the_caller_once(n_jobs):
+    # inference capped at 2 iterations: back-propagation at unconverged messages
+    X, y = make_structured_data()
+    est = MarginalCRF(gradient_mode="backprop", inference_max_iter=2, init="zeros", max_iter=3, n_jobs=n_jobs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(X, y)
+        est.predict(X)
+    from_fit = [w for w in caught if "during fit, in per-image loss_and_grad calls" in str(w.message)]
+    assert from_fit and any("did not converge" in str(w.message) for w in from_fit)
+    assert len({str(w.message) for w in from_fit}) == len(from_fit)  # each reported once
+    assert any(issubclass(w.category, ConvergenceWarning) and "marginals are not converged" in str(w.message) for w in caught)
