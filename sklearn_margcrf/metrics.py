@@ -56,6 +56,9 @@ def _flat_labels(labels, size, k, name):
         raise ValueError(
             f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but {name}[{k}] has {size} entries"
         )
+    if labels.dtype != bool and not np.issubdtype(labels.dtype, np.integer):
+        if not (np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels))):
+            raise ValueError(f"y_true[{k}] must hold integer labels (-1 = unlabelled), got dtype {labels.dtype}")
     flat = labels.reshape(-1).astype(np.int64, copy=False)
     if flat.size and flat.min() < -1:
         raise ValueError(f"y_true[{k}] has label {flat.min()}: labels must be >= 0 or -1 (unlabelled)")

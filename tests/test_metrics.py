@@ -147,3 +147,10 @@ def test_scorer_on_plain_estimator_uses_predict_proba():
     assert neg_brier_score_scorer(Constant(), X, y) == pytest.approx(-0.5)
     with pytest.raises(ValueError, match="sample_weight"):
         neg_log_loss_scorer(Constant(), X, y, sample_weight=np.ones(2))
+
+
+def test_fractional_labels_are_rejected():
+    from sklearn_margcrf.metrics import hamming_error
+
+    with pytest.raises(ValueError, match="integer labels"):
+        hamming_error([np.array([0.7, 1.0])], [np.array([0, 1])])
