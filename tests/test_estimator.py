@@ -609,6 +609,7 @@ def test_inputs_are_not_mutated_and_read_only_ok(data):
     assert estimator.score(X, y) > 0.5
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_time_curve_follows_the_loss_curve():
     rng = np.random.default_rng(3)
     edges = grid_edges(5, 5)

@@ -175,6 +175,7 @@ def test_every_documented_loss_is_accepted():
         assert np.isfinite(value) and gu.shape == unary.shape and gp.shape == pairwise.shape
 
 
+@pytest.mark.filterwarnings("ignore:trw_backward:RuntimeWarning")
 def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
     # A frustrated, strongly coupled grid on which loopy BP does not converge:
     # stack-free reverse sweeps at its last messages do not converge either.
