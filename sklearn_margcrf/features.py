@@ -365,7 +365,7 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
 
     _parameter_constraints = {
         "scale": [Interval(numbers.Real, 0, 1, closed="right")],
-        "n_jobs": [numbers.Integral, None],
+        "n_jobs": [None, Interval(numbers.Integral, None, -1, closed="right"), Interval(numbers.Integral, 1, None, closed="left")],
     }
 
     def fit(self, X, y=None):
@@ -399,8 +399,9 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
         """
         self._check_params()
         images = _check_images(X, colour=self._colour)
-        if self.n_jobs in (None, 1) or len(images) < 2:
+        if len(images) < 2:
             return [self._transform_one(image) for image in images]
+        # joblib decides what n_jobs=None means (1, or the active parallel_config)
         return Parallel(n_jobs=self.n_jobs)(delayed(self._transform_one)(image) for image in images)
 
     def _check_params(self):
@@ -452,7 +453,8 @@ class DenoisingFeatures(_GridFeatures):
         Fraction of the image resolution for the CRF grid; the noisy values
         are area-averaged to it (see the module docstring).
     n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1.
+        Images processed in parallel (joblib); None means 1 unless a
+        ``joblib.parallel_config`` context says otherwise.
 
     Examples
     --------
@@ -558,7 +560,8 @@ class HorseFeatures(_ColourFeatures):
     sobel_thresholds : sequence of float, default=SOBEL_THRESHOLDS
         (0.02, 0.04, ..., 0.20), on the gradient magnitude per pixel.
     n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1.
+        Images processed in parallel (joblib); None means 1 unless a
+        ``joblib.parallel_config`` context says otherwise.
 """
     )
 
@@ -621,7 +624,8 @@ class BackgroundFeatures(_ColourFeatures):
         (0.05, 0.10, ..., 0.50), for images in [0, 1], applied on the reduced
         image.
     n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1.
+        Images processed in parallel (joblib); None means 1 unless a
+        ``joblib.parallel_config`` context says otherwise.
 """
     )
 
