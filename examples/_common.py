@@ -1,20 +1,30 @@
-"""Shared plumbing of the paper's experiments: command line, tables, figures.
+"""Shared plumbing of the paper's experiments: command line, tables, figures,
+timing, error rates.
 
 Every example is runnable as ``python examples/<name>.py [--data PATH] [--quick]``
-and imports this module from its own folder.
+and imports this module from its own folder (Python puts the script's folder
+first on ``sys.path``). Importing it makes ``sklearn_margcrf`` importable from
+the source checkout when the package is not installed.
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
+
+try:
+    import sklearn_margcrf  # noqa: F401
+except ImportError:  # run from a source checkout without installing the package
+    sys.path.insert(0, str(REPO))
 
 
 def parse_args(description, argv=None, extra=None):
@@ -36,9 +46,75 @@ def parse_args(description, argv=None, extra=None):
     return args
 
 
+def fill_defaults(args, quick, full):
+    """Set every argument still None from ``quick`` or ``full`` (by ``--quick``)."""
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def check_sizes(args):
+    """Exit on ``--n-train``/``--n-test`` below 1 or ``--scale`` outside (0, 1]."""
+    if args.n_train < 1 or args.n_test < 1:
+        raise SystemExit("--n-train and --n-test must be at least 1")
+    if not 0 < args.scale <= 1:
+        raise SystemExit(f"--scale must lie in (0, 1], got {args.scale}")
+    return args
+
+
+def select(text, known, option="--rows", given_order=False):
+    """The names of comma-separated ``text`` ("all": every one) among ``known``,
+    in the order of ``known`` (table order) unless ``given_order``; exits
+    naming the unknown ones."""
+    if text == "all":
+        return list(known)
+    wanted = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise SystemExit(f"{option}: unknown {unknown}; choose among {list(known)}")
+    return wanted if given_order else [name for name in known if name in wanted]
+
+
+def int_list(text):
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def float_list(text):
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def blas_single_thread():
+    """One BLAS thread in this process.
+
+    MarginalCRF limits BLAS itself only in its per-image map; the independent
+    model (the ``init`` and the "independent" rows: logistic regression on the
+    stacked pixels, products with K = n_states rows), the features, the
+    upsampling of marginals and direct ``infer``/``loss_and_grad`` calls run
+    here without that limit, and idle OpenBLAS threads make such thin products
+    3-1000x slower on a busy 2-core machine. joblib's workers limit themselves.
+    """
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def start_run(title, doc, argv, arguments, settings):
+    """Parsed and checked arguments (``arguments`` adds the script's options,
+    ``settings`` fills and checks them); prints the title, machine and n_jobs."""
+    args = settings(parse_args(doc.splitlines()[0], argv, arguments))
+    print(f"{title}: machine {run_description(args.n_jobs)}")
+    return args
+
+
 def machine_description():
     """One line naming the machine, for tables saved to docs/."""
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def run_description(n_jobs):
+    """The machine and the number of joblib workers, for timing lines."""
+    return f"{machine_description()}, n_jobs={n_jobs}"
 
 
 def format_table(title, header, rows, paper=None):
@@ -76,10 +152,24 @@ def report(text, out, name):
     return path
 
 
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, out, name):
+    """Lay out, save to ``out/name`` and close (if pyplot holds it) ``fig``."""
+    fig.tight_layout()
     path = Path(out) / name
     fig.savefig(path, dpi=110, bbox_inches="tight")
     print(f"figure saved to {path}")
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close(fig)
     return path
 
 
@@ -94,9 +184,68 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
-def hamming_error(estimator, X, y):
-    """Error rate over labelled pixels (1 - MarginalCRF.score)."""
-    return 1.0 - estimator.score(X, y)
+@contextlib.contextmanager
+def ignore_convergence_warnings():
+    """L-BFGS stopping at ``max_iter`` is expected here; the tables report the iterations."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        yield
+
+
+def timed_fit(model, X, y):
+    """Fit without convergence warnings; return the wall-clock seconds."""
+    with ignore_convergence_warnings(), Timer() as timer:
+        model.fit(X, y)
+    return timer.seconds
+
+
+def parallel_map(function, tasks, n_jobs):
+    """``[function(*task) for task in tasks]`` on joblib workers, and its wall time."""
+    from joblib import Parallel, delayed
+
+    with Timer() as timer:
+        results = Parallel(n_jobs=min(n_jobs, len(tasks)))(delayed(function)(*task) for task in tasks)
+    return results, timer.seconds
+
+
+def fit_record(model, name, train_error, test_error, seconds, **extra):
+    """The JSON-ready record of one fitted table cell (``extra`` after the name)."""
+    return {
+        "name": name,
+        **extra,
+        "train": float(train_error),
+        "test": float(test_error),
+        "seconds": float(seconds),
+        "lbfgs_iterations": int(model.n_iter_),
+        "restarts": int(model.n_restarts_),
+        "reg": float(model.reg),
+    }
+
+
+def error_counts(model, X, labels, batch_size=16):
+    """(wrong, labelled) pixel counts of the MPM prediction at each image's own
+    resolution: ``predict_proba`` upsamples the grid marginals to the image
+    size when the sample carries one; hidden pixels (-1) are not counted.
+    Batched to bound the memory of the marginals."""
+    wrong = total = 0
+    for start in range(0, len(X), batch_size):
+        probs = model.predict_proba(X[start : start + batch_size])
+        for p, y in zip(probs, labels[start : start + batch_size]):
+            y = np.asarray(y)
+            if p.shape[:-1] != y.shape:
+                raise ValueError(f"marginals of shape {p.shape} do not fit labels of shape {y.shape}")
+            observed = y >= 0
+            wrong += int(np.count_nonzero(np.argmax(p, axis=-1)[observed] != y[observed]))
+            total += int(np.count_nonzero(observed))
+    return wrong, total
+
+
+def error_rate(model, X, labels, batch_size=16):
+    """Hamming error over the labelled pixels of all images (see :func:`error_counts`)."""
+    wrong, total = error_counts(model, X, labels, batch_size)
+    return wrong / total
 
 
 def require_data(path, name):

@@ -41,20 +41,11 @@ at a time on a shared machine). Outputs in ``--out``: ``backgrounds_table.txt``,
 """
 
 import json
-import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
-
-try:
-    import sklearn_margcrf  # noqa: F401
-except ImportError:  # run from a source checkout without installing the package
-    sys.path.insert(0, str(_common.REPO))
+import _common
 
 N_STATES = 8
 ITERATIONS = (5, 10, 20)
@@ -102,36 +93,11 @@ CLASS_COLOURS = np.array(
 # Helpers shared with learning_methods.py
 
 
-def int_list(text):
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
-def float_list(text):
-    return [float(v) for v in text.split(",") if v.strip()]
-
-
 def compute_features(images, scale, n_jobs):
     """BackgroundFeatures samples (grid at ``scale``, image_shape kept)."""
     from sklearn_margcrf.features import BackgroundFeatures
 
     return BackgroundFeatures(scale=scale, n_jobs=n_jobs).transform(images)
-
-
-def image_error_counts(model, X, labels, batch_size=16):
-    """(wrong, labelled) pixel counts of the MPM prediction at each image's own
-    resolution: ``predict_proba`` upsamples the grid marginals to the image
-    size; hidden pixels (-1) are not counted. Batched to bound memory."""
-    wrong = total = 0
-    for start in range(0, len(X), batch_size):
-        probs = model.predict_proba(X[start : start + batch_size])
-        for p, y in zip(probs, labels[start : start + batch_size]):
-            y = np.asarray(y)
-            if p.shape[:-1] != y.shape:
-                raise ValueError(f"marginals of shape {p.shape} do not fit labels of shape {y.shape}")
-            observed = y >= 0
-            wrong += int(np.count_nonzero(np.argmax(p, axis=-1)[observed] != y[observed]))
-            total += int(np.count_nonzero(observed))
-    return wrong, total
 
 
 def colour_labels(labels):
@@ -164,16 +130,6 @@ def schedule_work(n_images, incremental, max_iter):
         iterations //= 2
 
 
-def blas_single_thread():
-    """One BLAS thread in this process: the estimator's small per-image matrix
-    products otherwise pay for idle OpenBLAS threads competing with the
-    inference kernels (about 3x slower fits with ``n_jobs=1`` on a loaded
-    2-core machine). joblib's worker processes already limit their threads."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
-
-
 # ---------------------------------------------------------------------------
 # The experiment
 
@@ -181,29 +137,25 @@ def blas_single_thread():
 def _arguments(parser):
     parser.add_argument("--n-images", type=int, default=None, help="first N images in sorted id order (default: all 715; --quick: 40)")
     parser.add_argument("--n-folds", type=int, default=None, help="cross-validation folds (default 5; --quick: 2)")
-    parser.add_argument("--folds", type=int_list, default=None, help="evaluate only these folds, e.g. 0,1 (default: all)")
-    parser.add_argument("--iters", type=int_list, default=None, help="truncated fitting iterations (default 5,10,20)")
+    parser.add_argument("--folds", type=_common.int_list, default=None, help="evaluate only these folds, e.g. 0,1 (default: all)")
+    parser.add_argument("--iters", type=_common.int_list, default=None, help="truncated fitting iterations (default 5,10,20)")
     parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations of the first stage (default 1000; --quick: 12)")
     parser.add_argument("--incremental", type=int, default=None, help="images of the first stage, 0 = all at once (default 32; --quick: 8)")
-    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows among {','.join(ROWS)}")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows among {','.join(ROWS)} (or all)")
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the folds and the incremental subsets")
     parser.add_argument("--figure-image", default=None, help="id of the image shown in the figure (default: the first test image)")
 
 
+QUICK = dict(n_images=40, n_folds=2, iters=list(ITERATIONS), max_iter=12, incremental=8)
+FULL = dict(n_images=None, n_folds=5, iters=list(ITERATIONS), max_iter=1000, incremental=32)
+
+
 def _settings(args):
-    quick = args.quick
-    defaults = dict(n_images=40 if quick else None, n_folds=2 if quick else 5, iters=list(ITERATIONS),
-                    max_iter=12 if quick else 1000, incremental=8 if quick else 32)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    _common.fill_defaults(args, QUICK, FULL)
     if args.incremental == 0:
         args.incremental = None
-    args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    unknown = [r for r in args.rows if r not in ROWS]
-    if unknown:
-        raise SystemExit(f"unknown rows {unknown}: choose among {list(ROWS)}")
+    args.rows = _common.select(args.rows, ROWS, given_order=True)
     args.iters = sorted(set(args.iters))
     return args
 
@@ -236,8 +188,6 @@ def _model(key, n_iter, args, fold):
 
 
 def run(args):
-    from sklearn.exceptions import ConvergenceWarning
-
     from sklearn_margcrf.datasets import STANFORD_BACKGROUND_CLASSES, load_stanford_background
 
     _common.require_data(args.data, "stanford_background")
@@ -286,8 +236,7 @@ def run(args):
             name = ROWS[key][0] + (f" {n_iter} it." if n_iter is not None else "")
             model = _model(key, n_iter, args, fold)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", ConvergenceWarning)
+                with _common.ignore_convergence_warnings():
                     model.fit(X_train, y_train)
             except (FloatingPointError, ValueError, np.linalg.LinAlgError) as exc:
                 # e.g. truncated surrogate EM diverging to non-finite weights
@@ -298,8 +247,8 @@ def run(args):
             times[(key, n_iter)] += model.fit_time_
             work[(key, n_iter)] += schedule_work(len(train), args.incremental, args.max_iter)
             with _common.Timer() as t_eval:
-                c_train = image_error_counts(model, X_train, y_train)
-                c_test = image_error_counts(model, X_test, y_test)
+                c_train = _common.error_counts(model, X_train, y_train)
+                c_test = _common.error_counts(model, X_test, y_test)
             counts[(key, n_iter)] += np.array(c_train + c_test, dtype=np.int64)
             print(f"  fold {fold} {name:32s} fit {model.fit_time_:8.1f} s ({model.n_iter_} L-BFGS it., "
                   f"{model.n_restarts_} restarts)  train {c_train[0] / c_train[1]:.3f}  test {c_test[0] / c_test[1]:.3f}"
@@ -362,7 +311,7 @@ def tables(result, args):
         per_unit = seconds / result["work"][(key, n_iter)] if result["work"][(key, n_iter)] else float("nan")
         time_rows.append((name, [seconds, per_unit * 1e3, "; ".join(result["status"][(key, n_iter)]) or "ok"]))
     timing = _common.format_table(
-        f"Fit times summed over the folds on {_common.machine_description()}, n_jobs={args.n_jobs} "
+        f"Fit times summed over the folds on {_common.run_description(args.n_jobs)} "
         "(ms per image x L-BFGS iteration of the incremental schedule)",
         ["fit", "seconds", "ms/img.it", "status"], time_rows,
     )
@@ -398,11 +347,9 @@ def full_protocol_estimate(result, args, n_images=715, n_folds=5, incremental=32
 
 
 def figure(result, args):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    plt = _common.pyplot()
 
     data, index = result["data"], result["figure_index"]
     panels = [("Input image", data.images[index]), ("True labels", colour_labels(result["labels"][index]))]
@@ -433,16 +380,12 @@ def figure(result, args):
         f"Example marginals, image {data.ids[index]} (class colours mixed by the marginals, "
         f"upsampled from the {int(args.scale * 100)}% grid)", fontsize=9,
     )
-    fig.tight_layout()
-    path = _common.save_figure(fig, args.out, "backgrounds_marginals.png")
-    plt.close(fig)
-    return path
+    return _common.save_figure(fig, args.out, "backgrounds_marginals.png")
 
 
 def main(argv=None):
-    args = _settings(_common.parse_args(__doc__.splitlines()[0], argv, _arguments))
-    print(f"Stanford backgrounds: machine {_common.machine_description()}, n_jobs={args.n_jobs}")
-    with _common.Timer() as total, blas_single_thread():
+    args = _common.start_run("Stanford backgrounds", __doc__, argv, _arguments, _settings)
+    with _common.Timer() as total, _common.blas_single_thread():
         result = run(args)
         table, timing = tables(result, args)
         figure_path = figure(result, args)
@@ -451,7 +394,7 @@ def main(argv=None):
         table,
         timing,
         f"Wall time {total.seconds:.1f} s (loading {result['load_seconds']:.1f} s, features "
-        f"{result['feature_seconds']:.1f} s) on {_common.machine_description()}, n_jobs={args.n_jobs}.",
+        f"{result['feature_seconds']:.1f} s) on {_common.run_description(args.n_jobs)}.",
         "Estimated fit time of the paper's protocol (715 images, 5 folds, incremental 32 / 1000 iterations, "
         f"5/10/20 it.) at this run's cost per image x iteration: {estimate / 3600:.1f} h\n" + "\n".join(lines),
     ])

@@ -42,21 +42,9 @@ altogether.
 
 import copy
 import json
-import sys
-import warnings
 from pathlib import Path
 
-import numpy as np
-from threadpoolctl import threadpool_limits
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
-
-try:
-    import sklearn_margcrf  # noqa: F401
-except ImportError:  # run from a source checkout without installing the package
-    sys.path.insert(0, str(_common.REPO))
+import _common
 
 NOISE_LEVELS = (1.25, 1.5, 5.0)
 
@@ -114,22 +102,8 @@ def _arguments(parser):
 
 
 def _settings(args):
-    defaults = QUICK if args.quick else FULL
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.n_train < 1 or args.n_test < 1:
-        raise SystemExit("--n-train and --n-test must be at least 1")
-    if not 0 < args.scale <= 1:
-        raise SystemExit(f"--scale must lie in (0, 1], got {args.scale}")
-    if args.rows == "all":
-        args.rows = list(ROWS)
-    else:
-        args.rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-        unknown = [r for r in args.rows if r not in ROWS]
-        if unknown:
-            raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
-        args.rows = [r for r in ROWS if r in args.rows]  # the paper's order
+    _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
+    args.rows = _common.select(args.rows, ROWS)
     return args
 
 
@@ -176,17 +150,6 @@ def _load(args, noise):
     return split, shape
 
 
-def _fit(model, X, y):
-    """Fit, silencing L-BFGS convergence warnings (recorded in the timing table)."""
-    from sklearn.exceptions import ConvergenceWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        with _common.Timer() as timer:
-            model.fit(X, y)
-    return timer.seconds
-
-
 def run_noise_level(args, noise):
     """Fit every row at one noise level; return {key: result dict} and the figure data."""
     split, shape = _load(args, noise)
@@ -206,20 +169,12 @@ def run_noise_level(args, noise):
             # row already holds that fit with the same settings: start from it.
             model = copy.deepcopy(fitted["surrogate"]).set_params(**params, warm_start=True)
             note = " (from the surrogate likelihood fit)"
-        seconds = _fit(model, X_train, y_train)
+        seconds = _common.timed_fit(model, X_train, y_train)
         fitted[key] = model
-        train_error = _common.hamming_error(model, X_train, y_train)
-        test_error = _common.hamming_error(model, X_test, y_test)
+        train_error = _common.error_rate(model, X_train, y_train)
+        test_error = _common.error_rate(model, X_test, y_test)
         figure[key] = model.predict_proba([X_test[k]])[0][..., 1]
-        results[key] = {
-            "name": name,
-            "train": float(train_error),
-            "test": float(test_error),
-            "seconds": float(seconds),
-            "lbfgs_iterations": int(model.n_iter_),
-            "restarts": int(model.n_restarts_),
-            "reg": float(model.reg),
-        }
+        results[key] = _common.fit_record(model, name, train_error, test_error, seconds)
         print(
             f"  n={noise:g}  {name:<22} train {train_error:.3f}  test {test_error:.3f}  "
             f"fit {seconds:7.1f} s  ({model.n_iter_} L-BFGS it.){note}",
@@ -266,17 +221,13 @@ def _tables(args, results, shapes):
     if any(ROWS[k][1].get("loss") == "smooth_classification" for k in args.rows) and "surrogate" in args.rows:
         note = "\nsmooth class. rows start from the surrogate likelihood fit; its time is not included."
     timing = _common.format_table(
-        f"Timings on {_common.machine_description()}, n_jobs={args.n_jobs}{note}", time_header, time_rows
+        f"Timings on {_common.run_description(args.n_jobs)}{note}", time_header, time_rows
     )
     return table + "\n\n" + timing
 
 
 def _figure(args, figures):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _common.pyplot()
     levels = list(figures)
     names = ["input"] + list(args.rows)
     labels = {"input": "input", **{k: ROWS[k][0] for k in ROWS}}
@@ -298,26 +249,19 @@ def _figure(args, figures):
             if col == 0:
                 ax.set_ylabel(labels[key], fontsize=8, rotation=0, ha="right", va="center")
     fig.suptitle("Predicted marginals p(x_i = 1) for a test image", fontsize=9)
-    fig.tight_layout()
-    path = _common.save_figure(fig, args.out, "binary_denoising_marginals.png")
-    plt.close(fig)
-    return path
+    return _common.save_figure(fig, args.out, "binary_denoising_marginals.png")
 
 
 def main(argv=None):
     """Run the experiment; return {noise: {row key: results}}."""
-    args = _settings(_common.parse_args(__doc__.splitlines()[0], argv, _arguments))
-    print(f"Binary denoising: machine {_common.machine_description()}, n_jobs={args.n_jobs}")
+    args = _common.start_run("Binary denoising", __doc__, argv, _arguments, _settings)
     print(
         f"  {args.n_train} train / {args.n_test} test images, scale {args.scale:g}, rows {args.rows}, "
         f"gradient_mode={args.gradient_mode}, at most {args.max_iter} L-BFGS iterations",
         flush=True,
     )
     results, figures, shapes = {}, {}, {}
-    # One BLAS thread in this process: the products here are thin (K = 2 rows)
-    # and multi-threaded OpenBLAS makes them 10-1000x slower on a busy machine;
-    # joblib's workers set their own limits.
-    with _common.Timer() as total, threadpool_limits(limits=1, user_api="blas"):
+    with _common.Timer() as total, _common.blas_single_thread():
         for noise in args.noise:
             results[noise], figures[noise], shapes[noise] = run_noise_level(args, noise)
     text = _tables(args, results, shapes) + f"\n\nTotal wall time: {total.seconds:.1f} s"

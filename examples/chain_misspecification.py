@@ -54,18 +54,14 @@ Run ``python examples/chain_misspecification.py [--quick] [--out DIR] [--n-jobs 
 ``--quick``: 4 distributions, 1000 training examples, shifts 0 1 2 4 (about
 2 minutes on 2 cores). The full protocol (32 distributions, sizes 10 / 100 /
 1000, shifts 0 1 2 4 8, 1440 fits) is estimated at 25-45 minutes on 2 cores.
-Distributions run in parallel (``--n-jobs``), each with one BLAS thread.
+Distributions run in parallel (``--n-jobs``).
 """
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
+import _common
 
 LOSSES = ("surrogate_likelihood", "univariate_logistic", "clique_logistic")
 LOSS_LABELS = {
@@ -240,16 +236,11 @@ def fit_and_test(loss, x_train, y_train, x_test, y_test, max_iter, reg):
 
 def run_distribution(d, args):
     """Everything for random distribution ``d``: errors (sizes, shifts, losses), Bayes error,
-    sampler check, and the test marginals of example 0 (largest size, every shift)."""
-    # One BLAS thread: the products are tall and thin (nodes x 2n), and a
-    # multithreaded BLAS on a busy machine made fitting ~10x slower.
-    from threadpoolctl import threadpool_limits
+    sampler check, and the test marginals of example 0 (largest size, every shift).
 
-    with threadpool_limits(limits=1):
-        return _run_distribution(d, args)
-
-
-def _run_distribution(d, args):
+    No BLAS thread limit here: the tall, thin products are in the fits, which
+    MarginalCRF (n_jobs=1) already runs with one BLAS thread.
+    """
     rng = np.random.default_rng([args.seed, d])
     model = random_ladder(args.n_nodes, rng)
     n_train = max(args.train_sizes)
@@ -343,7 +334,6 @@ def make_figures(mean_errors, bayes, shifts, train_sizes, example, example_shift
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean test error")
     axes[-1].legend(fontsize=8)
-    fig.tight_layout()
     paths = [_common.save_figure(fig, out, "chain_misspecification_errors.png")]
 
     fig = Figure(figsize=(8.0, 2.2 * len(example_shifts)))
@@ -361,7 +351,6 @@ def make_figures(mean_errors, bayes, shifts, train_sizes, example, example_shift
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("i")
     axes[0].legend(fontsize=7, ncol=5, loc="lower center", bbox_to_anchor=(0.5, 1.12))
-    fig.tight_layout()
     paths.append(_common.save_figure(fig, out, "chain_misspecification_marginals.png"))
     return paths
 
@@ -381,16 +370,10 @@ def _extra(parser):
 
 
 def main(argv=None):
-    args = _common.parse_args(__doc__.splitlines()[0], argv, _extra)
-    defaults = QUICK if args.quick else FULL
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = _common.fill_defaults(_common.parse_args(__doc__.splitlines()[0], argv, _extra), QUICK, FULL)
     args.train_sizes = sorted(args.train_sizes)
     if max(args.shifts) >= args.n_nodes or min(args.shifts) < 0:
         raise SystemExit(f"shifts must lie in [0, n_nodes) = [0, {args.n_nodes})")
-
-    from joblib import Parallel, delayed
 
     print(
         f"ladder n = {args.n_nodes}, {args.n_distributions} distributions, training sizes {args.train_sizes}, "
@@ -398,10 +381,7 @@ def main(argv=None):
         f"thin {args.thin}; L-BFGS max_iter {args.max_iter}, reg {args.reg}; {args.n_jobs} jobs"
     )
     print(_common.machine_description())
-    with _common.Timer() as timer:
-        results = Parallel(n_jobs=min(args.n_jobs, args.n_distributions))(
-            delayed(run_distribution)(d, args) for d in range(args.n_distributions)
-        )
+    results, seconds = _common.parallel_map(run_distribution, [(d, args) for d in range(args.n_distributions)], args.n_jobs)
     errors = np.stack([r["errors"] for r in results])  # (D, sizes, shifts, losses)
     bayes_all = np.array([r["bayes"] for r in results])
     mean_errors = errors.mean(0)
@@ -436,7 +416,7 @@ def main(argv=None):
         f"({max(args.train_sizes) + args.n_test} samples each; standard error per node <= "
         f"{0.5 / np.sqrt(max(args.train_sizes) + args.n_test):.3f}, over {2 * args.n_nodes} nodes)"
         f"\nL-BFGS fits that hit max_iter or stopped early: {n_warn} of {errors.size}"
-        f"\nwall time {timer.seconds:.1f} s; {_common.machine_description()}"
+        f"\nwall time {seconds:.1f} s; {_common.machine_description()}"
     )
     _common.report(text, args.out, "chain_misspecification.txt")
 
@@ -453,7 +433,7 @@ def main(argv=None):
         "sampler_gap": gaps,
         "checks": checks,
         "figures": figures,
-        "seconds": timer.seconds,
+        "seconds": seconds,
     }
 
 

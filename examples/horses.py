@@ -32,21 +32,11 @@ features alone take about 18 GB in float64. ``--quick`` uses 20 training and
 
 import copy
 import json
-import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
-
-try:
-    import sklearn_margcrf  # noqa: F401
-except ImportError:  # run from a source checkout without installing the package
-    sys.path.insert(0, str(_common.REPO))
+import _common
 
 ITERATIONS = (10, 20, 40)
 
@@ -115,22 +105,8 @@ def _arguments(parser):
 
 
 def _settings(args):
-    defaults = QUICK if args.quick else FULL
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.n_train < 1 or args.n_test < 1:
-        raise SystemExit("--n-train and --n-test must be at least 1")
-    if not 0 < args.scale <= 1:
-        raise SystemExit(f"--scale must lie in (0, 1], got {args.scale}")
-    if args.rows == "all":
-        args.rows = list(ROWS)
-    else:
-        wanted = [r.strip() for r in args.rows.split(",") if r.strip()]
-        unknown = [r for r in wanted if r not in ROWS]
-        if unknown:
-            raise SystemExit(f"unknown rows {unknown}; choose from {list(ROWS)}")
-        args.rows = [r for r in ROWS if r in wanted]  # the paper's order
+    _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
+    args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
     return args
 
@@ -169,17 +145,6 @@ def _nbytes(X):
     return sum(nf.nbytes + e.nbytes + ef.nbytes for nf, e, ef in X)
 
 
-def _error(model, X, y, batch):
-    """Hamming error over all pixels, scored ``batch`` images at a time."""
-    wrong, total = 0.0, 0
-    for start in range(0, len(X), batch):
-        Xb, yb = X[start : start + batch], y[start : start + batch]
-        n = sum(int(np.count_nonzero(np.asarray(lab) >= 0)) for lab in yb)
-        wrong += _common.hamming_error(model, Xb, yb) * n
-        total += n
-    return wrong / total
-
-
 def _model(args, key, n_iter):
     from sklearn_margcrf import MarginalCRF
 
@@ -194,16 +159,6 @@ def _model(args, key, n_iter):
     )
     params.update(ROWS[key][1])
     return MarginalCRF(**params)
-
-
-def _fit(model, X, y):
-    from sklearn.exceptions import ConvergenceWarning
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        with _common.Timer() as timer:
-            model.fit(X, y)
-    return timer.seconds
 
 
 def run(args, X_train, y_train, X_test, y_test):
@@ -221,21 +176,12 @@ def run(args, X_train, y_train, X_test, y_test):
             # -> smooth classification; the surrogate row holds that fit.
             model = copy.deepcopy(fitted[(start, n_iter)]).set_params(**params, warm_start=True)
             note = " (from the surrogate likelihood fit)"
-        seconds = _fit(model, X_train, y_train)
+        seconds = _common.timed_fit(model, X_train, y_train)
         if key in ("surrogate-trw", "surrogate-mnf"):
             fitted[(key, n_iter)] = model
-        train_error = _error(model, X_train, y_train, args.batch)
-        test_error = _error(model, X_test, y_test, args.batch)
-        results[(key, n_iter)] = {
-            "name": name,
-            "n_iter": n_iter,
-            "train": float(train_error),
-            "test": float(test_error),
-            "seconds": float(seconds),
-            "lbfgs_iterations": int(model.n_iter_),
-            "restarts": int(model.n_restarts_),
-            "reg": float(model.reg),
-        }
+        train_error = _common.error_rate(model, X_train, y_train, args.batch)
+        test_error = _common.error_rate(model, X_test, y_test, args.batch)
+        results[(key, n_iter)] = _common.fit_record(model, name, train_error, test_error, seconds, n_iter=n_iter)
         if n_iter in (None, args.iters[-1]):
             marginals[key] = model.predict_proba([X_test[k]])[0][..., 1]
         where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
@@ -276,7 +222,7 @@ def _tables(args, results, pixels):
     if any(k.startswith("smooth") for k in args.rows) and "surrogate-trw" in args.rows:
         note = "\nsm. class. rows start from the surrogate likelihood TRW fit; its time is not included."
     timing = _common.format_table(
-        f"Timings on {_common.machine_description()}, n_jobs={args.n_jobs}{note}",
+        f"Timings on {_common.run_description(args.n_jobs)}{note}",
         ["Fit seconds (s), L-BFGS its (it)"] + [f"{n} {part}" for n in args.iters for part in ("s", "it")],
         time_rows,
     )
@@ -284,11 +230,7 @@ def _tables(args, results, pixels):
 
 
 def _figure(args, image, labels, marginals):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _common.pyplot()
     panels = {"input": image, "truth": labels, **marginals}
     aspect = image.shape[0] / image.shape[1]
     fig, axes = plt.subplots(3, 3, figsize=(7.5, 0.6 + 3 * 2.5 * aspect), squeeze=False)
@@ -308,20 +250,13 @@ def _figure(args, image, labels, marginals):
             ax.imshow(panels[key], cmap="gray", vmin=0.0, vmax=1.0)
         ax.set_title(title, fontsize=8)
     fig.suptitle(f"Predicted marginals p(horse), truncated learning with {args.iters[-1]} iterations", fontsize=9)
-    fig.tight_layout()
-    path = _common.save_figure(fig, args.out, "horses_marginals.png")
-    plt.close(fig)
-    return path
+    return _common.save_figure(fig, args.out, "horses_marginals.png")
 
 
 def main(argv=None):
     """Run the experiment; return {(row key, iterations or None): results}."""
-    args = _settings(_common.parse_args(__doc__.splitlines()[0], argv, _arguments))
-    print(f"Horses: machine {_common.machine_description()}, n_jobs={args.n_jobs}")
-    # One BLAS thread in this process: the products here are thin (K = 2 rows)
-    # and multi-threaded OpenBLAS makes them 10-1000x slower on a busy machine;
-    # joblib's workers set their own limits.
-    with _common.Timer() as total, threadpool_limits(limits=1, user_api="blas"):
+    args = _common.start_run("Horses", __doc__, argv, _arguments, _settings)
+    with _common.Timer() as total, _common.blas_single_thread():
         with _common.Timer() as features:
             X_train, y_train, _ = _load(args, "train", args.n_train)
             X_test, y_test, test_images = _load(args, "test", args.n_test)

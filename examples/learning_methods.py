@@ -11,22 +11,24 @@ paper's conclusion is that with loose thresholds perturbation and
 back-propagation stall at poor solutions, while truncated fitting is far more
 successful (more iterations: slower, but better at convergence).
 
-Recording against time. ``MarginalCRF`` reports the objective after every
-L-BFGS iteration (``loss_curve_``) and the fit's wall time (``fit_time_``),
-but neither per-iteration times nor the intermediate weights. Each method is
-therefore fitted in segments ending at a geometric sequence of L-BFGS
-iteration counts (1, 3, 9, 27, ... with ``--ratio 3``), each segment a
-``warm_start=True`` fit from the weights of the previous one; the objectives
-of a segment are spread evenly over its wall time, and the test error is
-measured on the weights at the end of each segment (evaluation time is not
-counted). Every segment starts a fresh L-BFGS (its curvature memory is
-lost), like the paper's re-initialisation after a bad search direction, so
-the curves are those of a slightly handicapped L-BFGS: on 6 images,
-truncated 10 it., 40 L-BFGS it., the objective ends at 0.243 uninterrupted,
-0.257 with ratio 2 and 0.242 with ratio 4. All methods start from the same
-independent model (univariate logistic regression, its fit time counted),
-fitted with ``inference="independent"`` (``--init-max-iter`` L-BFGS
-iterations at most).
+Recording against time. All methods start from the same independent model
+(univariate logistic regression, its fit time counted), fitted with
+``inference="independent"`` (``--init-max-iter`` L-BFGS iterations at most).
+
+* Objective against time: one uninterrupted ``warm_start=True`` fit from the
+  independent model (L-BFGS keeps its curvature memory throughout);
+  ``MarginalCRF`` records the objective after every L-BFGS iteration
+  (``loss_curve_``) and the seconds since the start of ``fit`` at each
+  (``time_curve_``).
+* Test error against time: ``MarginalCRF`` does not expose the intermediate
+  weights, so the test error at L-BFGS iteration k is measured on a separate
+  fit from the same independent model with ``max_iter=k``, for k in a
+  geometric sequence (1, 3, 9, 27, ... with ``--ratio 3``). L-BFGS is
+  deterministic, so that fit's weights are those of the uninterrupted fit at
+  iteration k (the longest of these fits *is* the uninterrupted fit), and the
+  test error is plotted at the uninterrupted fit's time of iteration k. These
+  prefix fits repeat work (about ratio / (ratio - 1) times the cost of one
+  fit); their time and that of the evaluations are not on the time axis.
 
 The objective of each method is the one it minimises: the mean univariate
 logistic loss per labelled pixel of its own marginals (after ``n_iter``
@@ -41,36 +43,21 @@ Run::
 Default: the paper's 100 training images and 100 other test images (the
 paper does not say which images it tested on; here a random, seeded choice
 of 200 among the 715), up to 1000 L-BFGS iterations and one hour of fitting
-per method (``--time-budget``: the last segment is shortened to end near it,
-at the mean cost per iteration so far). ``--quick``: 12 training and 12 test images, 16 L-BFGS
+per method (``--time-budget``, on the time axis: the last prefix fit is
+shortened to end near it, at the mean cost per iteration of the previous one). ``--quick``: 12 training and 12 test images, 16 L-BFGS
 iterations. Outputs in ``--out``: ``learning_methods_table.txt``,
 ``learning_methods.png``, ``learning_methods_curves.json``.
 """
 
+import copy
 import json
-import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
-
-try:
-    import sklearn_margcrf  # noqa: F401
-except ImportError:  # run from a source checkout without installing the package
-    sys.path.insert(0, str(_common.REPO))
-
-from backgrounds import (  # noqa: E402
-    N_STATES,
-    blas_single_thread,
-    compute_features,
-    float_list,
-    image_error_counts,
-    int_list,
-)
+import _common
+from _common import float_list, int_list
+from backgrounds import N_STATES, compute_features
 
 TRUNCATED_ITERS = (5, 10, 20, 40)
 THRESHOLDS = (1e-2, 1e-3, 1e-4, 1e-5)
@@ -86,26 +73,23 @@ def _arguments(parser):
     parser.add_argument("--methods", default=",".join(FAMILIES), help="comma-separated among truncated,perturbation,backprop")
     parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations per method (default 1000; --quick: 16)")
     parser.add_argument("--init-max-iter", type=int, default=None, help="L-BFGS iterations of the independent model that starts every method (default 1000; --quick: 200)")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds of fitting per method, checked after each segment (default 3600; --quick: none)")
-    parser.add_argument("--ratio", type=float, default=3.0, help="ratio of the geometric sequence of snapshot iterations (default 3)")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds of fitting per method on the time axis, checked after each test-error fit (default 3600; --quick: none)")
+    parser.add_argument("--ratio", type=float, default=3.0, help="ratio of the geometric sequence of L-BFGS iterations where the test error is measured (default 3)")
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the choice of the images")
 
 
+QUICK = dict(n_train=12, n_test=12, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=16,
+             init_max_iter=200, time_budget=None)
+FULL = dict(n_train=100, n_test=100, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=1000,
+            init_max_iter=1000, time_budget=3600.0)
+
+
 def _settings(args):
-    quick = args.quick
-    defaults = dict(n_train=12 if quick else 100, n_test=12 if quick else 100, trunc_iters=list(TRUNCATED_ITERS),
-                    tols=list(THRESHOLDS), max_iter=16 if quick else 1000,
-                    init_max_iter=200 if quick else 1000, time_budget=None if quick else 3600.0)
-    for name, value in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    _common.fill_defaults(args, QUICK, FULL)
     if args.time_budget is not None and args.time_budget <= 0:
         args.time_budget = None
-    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in args.methods if m not in FAMILIES]
-    if unknown:
-        raise SystemExit(f"unknown methods {unknown}: choose among {list(FAMILIES)}")
+    args.methods = _common.select(args.methods, FAMILIES, option="--methods", given_order=True)
     if args.ratio <= 1:
         raise SystemExit("--ratio must exceed 1")
     return args
@@ -124,7 +108,7 @@ def settings_list(args):
 
 
 def snapshots(max_iter, ratio):
-    """Cumulative L-BFGS iteration counts at which the weights are evaluated."""
+    """L-BFGS iteration counts at which the test error is measured."""
     points, value = [], 1.0
     while int(round(value)) < max_iter:
         if not points or int(round(value)) > points[-1]:
@@ -148,63 +132,67 @@ def _select_images(path, n_train, n_test, seed):
 
 
 def run_method(params, X_train, y_train, X_test, y_test, args):
-    """Fit one method in warm-started segments; return its curves."""
-    from sklearn.exceptions import ConvergenceWarning
+    """Fit one method from the independent model; return its curves.
 
+    ``time``/``objective``/``iteration``: every L-BFGS iteration of the
+    longest (uninterrupted) fit; ``snap_*``/``test_error``: the test error
+    after 0 (the independent model) and after each of :func:`snapshots`
+    iterations, from fits with that ``max_iter`` (see the module docstring).
+    Times count from the start of the independent model's fit.
+    """
     from sklearn_margcrf import MarginalCRF
 
     common = dict(loss="univariate_logistic", reg=REG, n_states=N_STATES, n_jobs=args.n_jobs, warm_start=True)
     # compile the numba kernels of this method outside the clock (one image, one iteration)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
+    with _common.ignore_convergence_warnings():
         warm_up = MarginalCRF(**{**common, "n_jobs": 1, "warm_start": False}, **params, max_iter=1)
         warm_up.fit(X_train[:1], y_train[:1]).predict_proba(X_test[:1])
-    model = MarginalCRF(inference="independent", max_iter=args.init_max_iter, **common)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X_train, y_train)
-    clock = model.fit_time_
-    wrong, total = image_error_counts(model, X_test, y_test)
-    curve = dict(time=[], objective=[], iteration=[], snap_time=[clock], snap_iteration=[0],
-                 test_error=[wrong / total], init_seconds=clock, stop="max_iter")
-    model.set_params(inference="trw", **params)
-    done = 0
+    start = MarginalCRF(inference="independent", max_iter=args.init_max_iter, **common)
+    with _common.ignore_convergence_warnings():
+        start.fit(X_train, y_train)
+    init_seconds = start.fit_time_
+    wrong, total = _common.error_counts(start, X_test, y_test)
+    curve = dict(time=[], objective=[], iteration=[], snap_time=[init_seconds], snap_iteration=[0],
+                 test_error=[wrong / total], init_seconds=init_seconds, stop="max_iter", refit_seconds=0.0)
+    longest, test_errors = None, {}  # test error by L-BFGS iteration count
     for target in snapshots(args.max_iter, args.ratio):
-        if target <= done:
-            continue
-        requested = target - done
-        if args.time_budget is not None and done:
-            # end the last segment near the budget, at the mean cost per iteration so far
-            per_iteration = (clock - curve["init_seconds"]) / done
-            requested = max(1, min(requested, int((args.time_budget - clock) / per_iteration)))
-        model.set_params(max_iter=requested)
+        requested = target
+        if args.time_budget is not None and longest is not None:
+            # end the last fit near the budget, at the cost per iteration of the previous fit
+            per_iteration = longest.fit_time_ / longest.n_iter_
+            requested = min(target, int((args.time_budget - init_seconds) / per_iteration))
+            if requested <= longest.n_iter_:
+                curve["stop"] = "time budget"
+                break
+        model = copy.deepcopy(start).set_params(inference="trw", max_iter=requested, **params)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", ConvergenceWarning)
+            with _common.ignore_convergence_warnings():
                 model.fit(X_train, y_train)
         except (FloatingPointError, ValueError) as exc:
             curve["stop"] = f"failed: {type(exc).__name__}"
             break
-        losses = list(model.loss_curve_)
-        for k, value in enumerate(losses, start=1):
-            curve["time"].append(clock + model.fit_time_ * k / len(losses))
-            curve["objective"].append(float(value))
-            curve["iteration"].append(done + k)
-        clock += model.fit_time_
-        done += model.n_iter_
-        wrong, total = image_error_counts(model, X_test, y_test)
-        curve["snap_time"].append(clock)
-        curve["snap_iteration"].append(done)
-        curve["test_error"].append(wrong / total)
+        curve["refit_seconds"] += model.fit_time_
+        longest = model
+        wrong, total = _common.error_counts(model, X_test, y_test)
+        test_errors[model.n_iter_] = wrong / total
         if model.n_iter_ < requested:
             # L-BFGS ended before its cap: converged, or stuck after its restarts
             curve["stop"] = "L-BFGS stopped (converged or no descent)"
             break
-        if args.time_budget is not None and clock >= args.time_budget:
+        if args.time_budget is not None and init_seconds + model.fit_time_ >= args.time_budget:
             curve["stop"] = "time budget"
             break
-    curve["seconds"] = clock
-    curve["n_iter"] = done
+    if longest is not None:
+        curve["time"] = [init_seconds + t for t in longest.time_curve_]
+        curve["objective"] = [float(v) for v in longest.loss_curve_]
+        curve["iteration"] = list(range(1, len(curve["objective"]) + 1))
+        for k, error in sorted(test_errors.items()):
+            curve["snap_time"].append(curve["time"][k - 1] if 0 < k <= len(curve["time"]) else init_seconds)
+            curve["snap_iteration"].append(k)
+            curve["test_error"].append(error)
+    curve["seconds"] = init_seconds + (longest.fit_time_ if longest is not None else 0.0)
+    curve["n_iter"] = longest.n_iter_ if longest is not None else 0
+    curve["refit_seconds"] -= longest.fit_time_ if longest is not None else 0.0
     return curve
 
 
@@ -249,10 +237,7 @@ def conclusion(curves, args):
 
 
 def figure(curves, args):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _common.pyplot()
 
     colour_maps = {"truncated": plt.cm.Blues, "perturbation": plt.cm.Reds, "backprop": plt.cm.Greens}
     styles = {"truncated": "-", "perturbation": "--", "backprop": ":"}
@@ -278,40 +263,37 @@ def figure(curves, args):
     ax_err.legend(fontsize=7, loc="upper right", ncol=1)
     fig.suptitle(
         f"Learning methods, {args.n_train} background images (TRW, univariate logistic); "
-        f"{_common.machine_description()}, n_jobs={args.n_jobs}", fontsize=9,
+        f"{_common.run_description(args.n_jobs)}", fontsize=9,
     )
-    fig.tight_layout()
-    path = _common.save_figure(fig, args.out, "learning_methods.png")
-    plt.close(fig)
-    return path
+    return _common.save_figure(fig, args.out, "learning_methods.png")
 
 
 def main(argv=None):
-    args = _settings(_common.parse_args(__doc__.splitlines()[0], argv, _arguments))
-    print(f"Learning methods: machine {_common.machine_description()}, n_jobs={args.n_jobs}")
+    args = _common.start_run("Learning methods", __doc__, argv, _arguments, _settings)
     _common.require_data(args.data, "stanford_background")
     curves = {}
-    with _common.Timer() as total, blas_single_thread():
+    with _common.Timer() as total, _common.blas_single_thread():
         with _common.Timer() as t_load:
             data, train, test = _select_images(args.data, args.n_train, args.n_test, args.seed)
             X = compute_features(data.images, args.scale, args.n_jobs)
         X_train, y_train = [X[i] for i in train], [data.labels[i] for i in train]
         X_test, y_test = [X[i] for i in test], [data.labels[i] for i in test]
         print(f"{len(train)} training, {len(test)} test images; loading and features {t_load.seconds:.1f} s; "
-              f"snapshots at L-BFGS it. {snapshots(args.max_iter, args.ratio)}")
+              f"test error at L-BFGS it. {snapshots(args.max_iter, args.ratio)}")
         for label, family, params in settings_list(args):
             with _common.Timer() as t_method:
                 curves[label] = run_method(params, X_train, y_train, X_test, y_test, args)
             c = curves[label]
             print(f"  {label:26s} {c['n_iter']:5d} it. {c['seconds']:9.1f} s fit (init {c['init_seconds']:.1f} s), "
                   f"objective {c['objective'][-1] if c['objective'] else float('nan'):.5f}, test error "
-                  f"{c['test_error'][-1]:.3f} [{c['stop']}]; with evaluations {t_method.seconds:.1f} s", flush=True)
+                  f"{c['test_error'][-1]:.3f} [{c['stop']}]; with test-error fits and evaluations "
+                  f"{t_method.seconds:.1f} s", flush=True)
         figure_path = figure(curves, args)
     text = "\n\n".join([
         summary(curves, args),
         conclusion(curves, args),
         f"Wall time {total.seconds:.1f} s (loading and features {t_load.seconds:.1f} s) on "
-        f"{_common.machine_description()}, n_jobs={args.n_jobs}.",
+        f"{_common.run_description(args.n_jobs)}.",
     ])
     _common.report(text, args.out, "learning_methods_table.txt")
     raw = {"settings": vars(args), "machine": _common.machine_description(), "wall_seconds": total.seconds,

@@ -35,14 +35,9 @@ Run ``python examples/perturbation_multipliers.py [--quick] [--out DIR] [--n-job
 cores; the 2 x 920 inference runs of the finite differences dominate).
 """
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _common  # noqa: E402
+import _common
 
 METHODS = ("trw", "mean_field")
 METHOD_LABELS = {"trw": "TRW", "mean_field": "mean field"}
@@ -105,13 +100,11 @@ def finite_difference_gradient(edges, unary, pairwise, labels, method, rho, max_
 
 def run_model(method, scale, index, args):
     """Errors (sides, multipliers) of one random model, and the FD-vs-backprop gap."""
-    from threadpoolctl import threadpool_limits
-
     from sklearn_margcrf import edge_appearance_probabilities, loss_and_grad
 
     rng = np.random.default_rng([args.seed, index, int(round(scale * 1000))])
     edges, unary, pairwise, labels = random_model(args.grid, scale, rng)
-    with threadpool_limits(limits=1):
+    with _common.blas_single_thread():  # direct infer / loss_and_grad calls, outside MarginalCRF
         # TRW: the automatic rho, computed once and passed to every run
         rho = edge_appearance_probabilities(unary.shape[0], edges, "auto") if method == "trw" else None
         common = {"inference": method, "tol": TOL, "max_iter": args.inference_max_iter, "rho": rho}
@@ -200,7 +193,6 @@ def make_figure(mean_errors, backprop_gap, exponents, scales, out, methods=METHO
             if j == 0:
                 ax.set_ylabel("relative gradient error")
     axes[0, -1].legend(fontsize=7)
-    fig.tight_layout()
     return _common.save_figure(fig, out, "perturbation_multipliers.png")
 
 
@@ -217,15 +209,9 @@ def _extra(parser):
 
 
 def main(argv=None):
-    args = _common.parse_args(__doc__.splitlines()[0], argv, _extra)
-    defaults = QUICK if args.quick else FULL
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    args = _common.fill_defaults(_common.parse_args(__doc__.splitlines()[0], argv, _extra), QUICK, FULL)
     args.exponents = sorted(args.exponents)
     methods = tuple(args.methods)
-
-    from joblib import Parallel, delayed
 
     n_params = args.grid * args.grid * 2 + 2 * args.grid * (args.grid - 1) * 4
     print(
@@ -234,10 +220,7 @@ def main(argv=None):
     )
     print(_common.machine_description())
     tasks = [(method, scale, k) for method in methods for scale in args.scales for k in range(args.n_models)]
-    with _common.Timer() as timer:
-        results = Parallel(n_jobs=min(args.n_jobs, len(tasks)))(
-            delayed(run_model)(method, scale, k, args) for method, scale, k in tasks
-        )
+    results, seconds = _common.parallel_map(run_model, [task + (args,) for task in tasks], args.n_jobs)
     shape = (len(methods), len(args.scales), args.n_models)
     errors = np.stack([r["errors"] for r in results]).reshape(shape + (len(SIDES), len(args.exponents)))
     errors_bp = np.stack([r["errors_bp"] for r in results]).reshape(errors.shape)
@@ -282,7 +265,7 @@ def main(argv=None):
         f"\nFinite-difference inference runs that hit max_iter={args.inference_max_iter} before tol {TOL:g}: "
         f"{n_unconverged} of {2 * n_params * len(results)}"
     )
-    text += f"\n\nwall time {timer.seconds:.1f} s; {_common.machine_description()}"
+    text += f"\n\nwall time {seconds:.1f} s; {_common.machine_description()}"
     _common.report(text, args.out, "perturbation_multipliers.txt")
     figure = make_figure(mean_errors, mean_gaps, args.exponents, args.scales, args.out, methods)
     return {
@@ -296,7 +279,7 @@ def main(argv=None):
         "sides": list(SIDES),
         "checks": checks,
         "figure": figure,
-        "seconds": timer.seconds,
+        "seconds": seconds,
     }
 
 
