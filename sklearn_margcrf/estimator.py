@@ -787,6 +787,7 @@ class MarginalCRF(BaseEstimator):
                 unary_coef.ravel(), "independent", stats, int(self.max_iter),
             )
             unary_coef = unary_coef.reshape(shape_f)
+            del data  # its stacked copy of the node features is no longer needed
         surrogate_start = (
             not warm
             and self.init == "independent"
@@ -814,8 +815,9 @@ class MarginalCRF(BaseEstimator):
             else:
                 costs = [s.n_nodes + s.n_edges for s in stage_samples]
                 groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
-                chunks = [_pack(stage_samples, stage_labels, g) for g in groups]
-                with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
+                # no local reference to the packed batches: once memory-mapped
+                # for process workers, the in-memory copies can be freed
+                with _ParallelMap([_pack(stage_samples, stage_labels, g) for g in groups], self.n_jobs, self.verbose) as pmap:
                     if surrogate_start:
                         self._log("init: fitting surrogate likelihood")
                         config = self._config("surrogate_likelihood", self.inference, n_states)
