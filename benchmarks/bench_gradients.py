@@ -20,50 +20,26 @@ the CPU time is the steadier figure.
     python benchmarks/bench_gradients.py [--repeat R] [--iters N]
 """
 
-import argparse
-import os
-import sys
-import time
 import tracemalloc
 
-os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from _common import best_time, grid_arguments, random_grid_model  # noqa: E402 (sets up sys.path)
 
 import numpy as np  # noqa: E402
 
-from sklearn_margcrf._graph import grid_edges  # noqa: E402
 from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
 
 
-def best_time(fn, repeat):
-    fn()  # warm-up (compilation)
-    wall, cpu = [], []
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - w0)
-        cpu.append(time.process_time() - c0)
-    return min(wall), min(cpu)
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--height", type=int, default=200)
-    parser.add_argument("--width", type=int, default=300)
-    args = parser.parse_args()
+    args = grid_arguments(__doc__)
 
-    edges = grid_edges(args.height, args.width)
-    n, E = args.height * args.width, edges.shape[0]
+    n = args.height * args.width
+    E = args.height * (args.width - 1) + (args.height - 1) * args.width
     rho = np.full(E, 0.5)
     N = args.iters
     print(f"grid {args.height}x{args.width}: n={n}, E={E}, truncated TRW with {N} iterations, rho=0.5, "
           f"univariate logistic loss; best of {args.repeat} runs (shared machine: minimum wall / CPU time)")
     for K in (2, 8):
-        rng = np.random.default_rng(0)
-        unary = rng.uniform(-1, 1, size=(n, K))
-        pairwise = rng.uniform(-1, 1, size=(E, K, K))
+        edges, unary, pairwise, rng = random_grid_model(args.height, args.width, K)
         labels = rng.integers(0, K, size=n)
         rows = np.arange(n)
 

@@ -1,0 +1,46 @@
+"""Shared plumbing of the benchmarks: single-threaded numba, timing, the grid problem."""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import numpy as np  # noqa: E402
+
+from sklearn_margcrf._graph import grid_edges  # noqa: E402
+
+
+def best_time(fn, repeat):
+    """Minimum wall and CPU seconds of ``fn()`` over ``repeat`` runs, after a
+    warm-up call (numba compilation). On a shared machine the CPU time is the
+    steadier figure."""
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        w0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return min(wall), min(cpu)
+
+
+def grid_arguments(doc):
+    """``--repeat``, ``--iters``, ``--height``, ``--width`` (defaults: 7, 20, 200 x 300)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--height", type=int, default=200)
+    parser.add_argument("--width", type=int, default=300)
+    return parser.parse_args()
+
+
+def random_grid_model(height, width, n_states, seed=0):
+    """The benchmark problem: 4-connected grid, theta uniform in [-1, 1]."""
+    edges = grid_edges(height, width)
+    rng = np.random.default_rng(seed)
+    unary = rng.uniform(-1, 1, size=(height * width, n_states))
+    pairwise = rng.uniform(-1, 1, size=(edges.shape[0], n_states, n_states))
+    return edges, unary, pairwise, rng
