@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir))
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 
 from sklearn_margcrf._graph import grid_edges  # noqa: E402
+from sklearn_margcrf.features import split_by_orientation  # noqa: E402
 from sklearn_margcrf.estimator import MarginalCRF  # noqa: E402
 from sklearn_margcrf.sample import CRFSample  # noqa: E402
 
@@ -38,10 +39,7 @@ from sklearn_margcrf.sample import CRFSample  # noqa: E402
 def make_images(n_images, height, width, noise=1.25, seed=0):
     rng = np.random.default_rng(seed)
     edges = grid_edges(height, width)
-    n_horizontal = height * (width - 1)
-    edge_features = np.zeros((len(edges), 2))
-    edge_features[:n_horizontal, 0] = 1.0
-    edge_features[n_horizontal:, 1] = 1.0
+    edge_features = split_by_orientation(np.ones((len(edges), 1)), (height, width))
     X, y = [], []
     for _ in range(n_images):
         x = np.zeros((height, width), dtype=np.int64)

@@ -31,6 +31,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils._testing import create_memmap_backed_data
 
 from sklearn_margcrf._graph import grid_edges
+from sklearn_margcrf.features import split_by_orientation
 from sklearn_margcrf.sample import CRFSample
 
 __all__ = [
@@ -53,10 +54,7 @@ def make_structured_data(n_samples=4, shape=(4, 5), n_states=2, seed=0, grid=Tru
     rng = np.random.default_rng(seed)
     height, width = shape
     edges = grid_edges(height, width)
-    n_horizontal = height * (width - 1)
-    edge_features = np.zeros((len(edges), 2))
-    edge_features[:n_horizontal, 0] = 1.0
-    edge_features[n_horizontal:, 1] = 1.0
+    edge_features = split_by_orientation(np.ones((len(edges), 1)), (height, width))
     X, y = [], []
     for _ in range(n_samples):
         labels = np.zeros((height, width), dtype=np.int64)

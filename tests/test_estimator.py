@@ -17,6 +17,7 @@ from sklearn.utils import estimator_checks as sk_checks
 import sklearn_margcrf.estimator as estimator_module
 from estimator_checks import make_structured_data, parametrize_with_checks
 from sklearn_margcrf._graph import grid_edges
+from sklearn_margcrf.features import split_by_orientation
 from sklearn_margcrf.estimator import MarginalCRF, _chunk_loss_grad, _LogisticData, _pack, _check_X, _check_y
 from sklearn_margcrf.metrics import hamming_error, neg_log_loss_scorer
 from sklearn_margcrf.sample import CRFSample
@@ -390,10 +391,7 @@ def make_denoising(n_images, size=24, noise=1.25, seed=0):
     n = 1.25."""
     rng = np.random.default_rng(seed)
     edges = grid_edges(size, size)
-    n_horizontal = size * (size - 1)
-    edge_features = np.zeros((len(edges), 2))
-    edge_features[:n_horizontal, 0] = 1
-    edge_features[n_horizontal:, 1] = 1
+    edge_features = split_by_orientation(np.ones((len(edges), 1)), (size, size))
     X, y = [], []
     for k in range(n_images):
         blocks = np.array([[0, 1], [1, 0]]) ^ (k % 2)
