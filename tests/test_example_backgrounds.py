@@ -2,8 +2,6 @@
 (original format: images/<id>.jpg, labels/<id>.regions.txt)."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +9,6 @@ import pytest
 pytest.importorskip("skimage", reason="the features need scikit-image")
 pytest.importorskip("matplotlib", reason="the example saves figures")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 
 def make_stanford_fixture(root, n_images=4, shape=(30, 40), seed=0):

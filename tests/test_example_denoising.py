@@ -1,8 +1,6 @@
 """examples/binary_denoising.py runs end to end on tiny BSDS300-format data."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +8,6 @@ import pytest
 pytest.importorskip("skimage", reason="the example reads JPEGs with scikit-image")
 pytest.importorskip("matplotlib", reason="the example saves a figure")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import binary_denoising  # noqa: E402
 from test_datasets import bsds_dir  # noqa: E402, F401  (the tiny BSDS300 fixture: 3 train, 2 test images)

@@ -1,8 +1,6 @@
 """examples/learning_methods.py end to end on a tiny Stanford Background fixture."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +8,6 @@ import pytest
 pytest.importorskip("skimage", reason="the features need scikit-image")
 pytest.importorskip("matplotlib", reason="the example saves figures")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_example_backgrounds import make_stanford_fixture  # noqa: E402
 
