@@ -45,7 +45,7 @@ from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted, check_random_state
 
-from ._graph import validate_edges
+from ._graph import _as_float_array, validate_edges
 from .edge_appearance import RHO_RULES
 from .gradients import GRADIENT_MODES, INFERENCE_FREE_LOSSES, INFERENCE_METHODS, LOSSES, check_combination, loss_and_grad
 from .inference import infer
@@ -59,18 +59,6 @@ INFERENCE_CHOICES = INFERENCE_METHODS + ("independent",)
 # ---------------------------------------------------------------------------
 # Input validation (structured X: a list of samples)
 # ---------------------------------------------------------------------------
-
-
-def _as_features(value, name):
-    try:
-        array = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
-    if array.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array (rows x features), got shape {array.shape}")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return array
 
 
 class _Sample:
@@ -114,7 +102,7 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
     for k in range(len(X)):
         sample = as_sample(X[k])
         nf, edges, ef = sample
-        nf = _as_features(nf, f"X[{k}] node_features")
+        nf = _as_float_array(nf, f"X[{k}] node_features", 2)
         n_nodes = nf.shape[0]
         if n_nodes == 0:
             raise ValueError(f"X[{k}] has no nodes (node_features of shape {nf.shape})")
@@ -129,7 +117,7 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
             )
             ef = np.zeros((0, width))
         else:
-            ef = _as_features(ef, f"X[{k}] edge_features")
+            ef = _as_float_array(ef, f"X[{k}] edge_features", 2)
         if ef.shape[0] != n_edges:
             raise ValueError(
                 f"X[{k}] has {n_edges} edges but edge_features has {ef.shape[0]} rows "
