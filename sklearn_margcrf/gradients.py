@@ -39,6 +39,7 @@ import numpy as np
 from ._graph import check_positive, validate_model
 from .entropy import mean_field_entropy, trw_entropy
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
+from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
 
@@ -48,7 +49,6 @@ LIKELIHOOD_LOSSES = ("surrogate_likelihood",)
 INFERENCE_FREE_LOSSES = ("pseudolikelihood", "piecewise")
 LOSSES = MARGINAL_LOSSES + LIKELIHOOD_LOSSES + INFERENCE_FREE_LOSSES
 GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
-INFERENCE_METHODS = ("trw", "lbp", "mean_field", "exact")
 SIDES = (1, 2, 4)
 MAX_FALLBACK_STACK_BYTES = 2 * 2**30  # memory the backprop fallback may use for its stack
 
