@@ -254,3 +254,123 @@ def require_data(path, name):
     if not folder.exists():
         sys.exit(f"data set {name!r} not found under {path}: pass --data PATH (see ../shared/data/README.md)")
     return folder
+
+
+# ---------------------------------------------------------------------------
+# Long runs: features cached on disk, fits checkpointed and resumable
+
+
+def cached_features(transformer, images, keys, folder):
+    """``transformer.transform(images)``, one image at a time, saved under
+    ``folder`` and returned as read-only memory maps.
+
+    The samples then live in the page cache, not in this process: the full
+    horses training set (12 M pixels, 142 float32 features per pixel and
+    edge) would otherwise be held twice, here and in MarginalCRF's batches.
+    ``keys`` name the images' files; a file already there is reused, so a
+    resumed run skips the features (the folder name must encode every
+    setting that changes them).
+    """
+    from sklearn_margcrf import CRFSample, grid_edges
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    samples = []
+    for image, key in zip(images, keys):
+        paths = {part: folder / f"{key}.{part}.npy" for part in ("node", "edge")}
+        shape_path = folder / f"{key}.shape.npy"
+        if not all(p.exists() for p in (*paths.values(), shape_path)):
+            [sample] = transformer.transform([image])
+            for part, array in (("node", sample.node_features), ("edge", sample.edge_features)):
+                np.save(paths[part].with_suffix(".tmp.npy"), array)
+                paths[part].with_suffix(".tmp.npy").replace(paths[part])
+            np.save(shape_path, np.array([*sample.grid_shape, *sample.image_shape]))
+        height, width, image_h, image_w = (int(v) for v in np.load(shape_path))
+        samples.append(
+            CRFSample(
+                np.load(paths["node"], mmap_mode="r"),
+                grid_edges(height, width),
+                np.load(paths["edge"], mmap_mode="r"),
+                grid_shape=(height, width),
+                image_shape=(image_h, image_w),
+            )
+        )
+    return samples
+
+
+def restore(model, weights):
+    """Give ``model`` the fitted state of saved ``weights`` (no fit)."""
+    model.unary_coef_ = np.array(weights["unary_coef"], dtype=np.float64)
+    model.pairwise_coef_ = np.array(weights["pairwise_coef"], dtype=np.float64)
+    model.n_states_ = model.unary_coef_.shape[0]
+    model.classes_ = np.arange(model.n_states_)
+    model.n_node_features_ = model.unary_coef_.shape[1]
+    model.n_edge_features_ = model.pairwise_coef_.shape[2]
+    return model
+
+
+class Checkpoints:
+    """Fits of a long run, each saved to ``folder/<name>.npz`` (weights and
+    progress) as it goes, so that a run killed at any point resumes where it
+    stopped: finished cells are loaded, an unfinished one continues from its
+    last segment."""
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def load(self, name):
+        path = self.folder / f"{name}.npz"
+        if not path.exists():
+            return None
+        with np.load(path, allow_pickle=False) as data:
+            state = {key: data[key] for key in data.files}
+        state["loss_curve"] = list(state["loss_curve"])
+        for key in ("lbfgs_iterations", "restarts", "segments"):
+            state[key] = int(state[key])
+        state["seconds"] = float(state["seconds"])
+        state["done"] = bool(state["done"])
+        return state
+
+    def save(self, name, state):
+        path = self.folder / f"{name}.npz"
+        tmp = self.folder / f"{name}.tmp.npz"
+        np.savez(tmp, **{key: np.asarray(value) for key, value in state.items()})
+        tmp.replace(path)
+
+    def fit(self, name, model, X, y, start, max_iter, segment, log=print):
+        """Fit ``model`` from ``start`` weights ({"unary_coef", "pairwise_coef"})
+        for at most ``max_iter`` L-BFGS iterations, in warm-started segments of
+        ``segment`` iterations, saving after each; return the model, restored
+        to the final weights, and the progress record.
+
+        Each segment starts L-BFGS afresh (its curvature memory is dropped, as
+        in the paper's re-initialisation after a bad search direction). The
+        fit ends at ``max_iter`` iterations or when a segment stops before its
+        limit (converged, or stopped with no restart left).
+        """
+        state = self.load(name)
+        if state is None:
+            state = dict(
+                unary_coef=np.asarray(start["unary_coef"], dtype=np.float64),
+                pairwise_coef=np.asarray(start["pairwise_coef"], dtype=np.float64),
+                lbfgs_iterations=0, restarts=0, segments=0, seconds=0.0, loss_curve=[], done=max_iter == 0,
+            )
+        elif not state["done"]:
+            log(f"    resuming {name} after {state['lbfgs_iterations']} L-BFGS iterations ({state['seconds']:.0f} s)")
+        while not state["done"]:
+            limit = min(segment, max_iter - state["lbfgs_iterations"])
+            part = restore(model.set_params(max_iter=limit, warm_start=True), state)
+            seconds = timed_fit(part, X, y)
+            state.update(
+                unary_coef=part.unary_coef_, pairwise_coef=part.pairwise_coef_,
+                lbfgs_iterations=state["lbfgs_iterations"] + part.n_iter_,
+                restarts=state["restarts"] + part.n_restarts_, segments=state["segments"] + 1,
+                seconds=state["seconds"] + seconds, loss_curve=state["loss_curve"] + list(part.loss_curve_),
+            )
+            state["done"] = part.n_iter_ < limit or state["lbfgs_iterations"] >= max_iter
+            self.save(name, state)
+        model = restore(model.set_params(max_iter=max_iter, warm_start=False), state)
+        model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]
+        model.loss_curve_ = state["loss_curve"]
+        return model, state

@@ -22,15 +22,21 @@ Run::
 
     python examples/horses.py [--data PATH] [--quick] [--out DIR] [--n-jobs N] [--scale S]
 
+Long runs are resumable: the features are computed once, in float32, and
+kept on disk (``--cache``, memory-mapped), and every fit is saved every
+``--segment`` L-BFGS iterations (``--checkpoints``). Run the same command
+again after an interruption and it goes on where it stopped. L-BFGS starts
+afresh at each segment (as the paper re-initialises it after a bad search
+direction), so ``--segment`` is part of the protocol; the default is 50.
+
 ``--scale S`` downscales every image (and its labels) by S before the
 features are computed: the CRF then has S**2 as many pixels, and errors are
 measured at the reduced resolution. The paper uses the original resolution
 (``--scale 1``, the default): its 200 training images hold 12 M pixels, whose
-features alone take about 18 GB in float64. ``--quick`` uses 20 training and
+features take about 18 GB in float64, 9 GB in float32. ``--quick`` uses 20 training and
 20 test images at scale 0.25 and 10 L-BFGS iterations per fit.
 """
 
-import copy
 import json
 from pathlib import Path
 
@@ -102,12 +108,29 @@ def _arguments(parser):
     parser.add_argument("--test-tol", type=float, default=1e-5, help="TRW threshold at test time for pseudolikelihood and piecewise (default 1e-5)")
     parser.add_argument("--figure-image", type=int, default=0, help="index of the test image in the figure (default 0)")
     parser.add_argument("--batch", type=int, default=16, help="images per batch when computing error rates (bounds memory; default 16)")
+    parser.add_argument(
+        "--segment", type=int, default=50,
+        help="L-BFGS iterations between checkpoints; L-BFGS restarts at each (default 50)",
+    )
+    parser.add_argument(
+        "--checkpoints", default=None,
+        help="folder of the resumable fits (default OUT/horses_checkpoints/<settings>); rerunning resumes",
+    )
+    parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_features)")
+    parser.add_argument("--verbose", type=int, default=0, help="MarginalCRF verbose level (1: one line per L-BFGS iteration)")
 
 
 def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
+    if args.segment < 1:
+        raise SystemExit("--segment must be at least 1")
+    settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}"
+    if args.checkpoints is None:
+        args.checkpoints = str(Path(args.out) / "horses_checkpoints" / settings)
+    if args.cache is None:
+        args.cache = str(Path(args.out) / "horses_features")
     return args
 
 
@@ -125,6 +148,7 @@ def _downscale(image, labels, scale):
 
 
 def _load(args, subset, count):
+    """Samples (float32 features cached under ``--cache``, memory-mapped), labels, images."""
     from sklearn_margcrf.datasets import load_horses
     from sklearn_margcrf.features import HorseFeatures
 
@@ -137,12 +161,14 @@ def _load(args, subset, count):
         image, mask = _downscale(image, mask, args.scale)
         images.append(image)
         labels.append(mask)
-    X = HorseFeatures(n_jobs=args.n_jobs).transform(images)
+    # features depend on the image and the scale only
+    folder = Path(args.cache) / f"scale{args.scale:g}"
+    X = _common.cached_features(HorseFeatures(dtype=np.float32), images, data.ids, folder)
     return X, labels, images
 
 
 def _nbytes(X):
-    return sum(nf.nbytes + e.nbytes + ef.nbytes for nf, e, ef in X)
+    return sum(s.node_features.nbytes + s.edges.nbytes + s.edge_features.nbytes for s in X)
 
 
 def _model(args, key, n_iter):
@@ -156,41 +182,84 @@ def _model(args, key, n_iter):
         max_iter=args.max_iter,
         init="independent",
         n_jobs=args.n_jobs,
+        verbose=args.verbose,
     )
     params.update(ROWS[key][1])
     return MarginalCRF(**params)
 
 
+def _cells(args):
+    """(row key, iterations or None) in run order: the single fits first, then
+    every row at the fewest iterations, and so on (a partial run gives whole
+    columns); a smooth classification row after its surrogate likelihood row."""
+    cells = [(key, None) for key in args.rows if key in SINGLE]
+    return cells + [(key, n) for n in args.iters for key in args.rows if key not in SINGLE]
+
+
+def _cell_name(key, n_iter):
+    return key if n_iter is None else f"{key}-{n_iter}"
+
+
 def run(args, X_train, y_train, X_test, y_test):
-    """Fit every (row, iterations) cell; return results and the figure's marginals."""
-    k = min(max(args.figure_image, 0), len(X_test) - 1)
-    results, marginals, fitted = {}, {}, {}
-    cells = [(key, n) for key in args.rows for n in ([None] if key in SINGLE else args.iters)]
-    for key, n_iter in cells:
+    """Fit every (row, iterations) cell, resuming from the checkpoints under
+    ``--checkpoints``; return {cell: record} and {cell: fitted model}.
+
+    Every model starts from the independent model with its own lambda, as
+    ``init="independent"`` would; that fit is made once per lambda (the
+    "independent-<lambda>" checkpoint; the "independent" row is the one at
+    1e-4) and shared. Smooth classification starts from the surrogate
+    likelihood fit with the same inference and iterations, as its ``init``
+    would.
+    """
+    store = _common.Checkpoints(args.checkpoints)
+    n_node_features, n_edge_features = X_train[0].node_features.shape[1], X_train[0].edge_features.shape[1]
+    zeros = {"unary_coef": np.zeros((2, n_node_features)), "pairwise_coef": np.zeros((2, 2, n_edge_features))}
+    independent = {}
+
+    def independent_fit(reg):
+        if reg not in independent:
+            model = _model(args, "independent", None).set_params(reg=reg)
+            independent[reg], _ = store.fit(f"independent-{reg:.0e}", model, X_train, y_train, zeros,
+                                            args.max_iter, args.segment)
+        return independent[reg]
+
+    results, models = {}, {}
+    for key, n_iter in _cells(args):
         name, params = ROWS[key]
-        model = _model(args, key, n_iter)
+        cell = _cell_name(key, n_iter)
         note = ""
-        start = "surrogate-trw" if params.get("inference") == "trw" else "surrogate-mnf"
-        if params.get("loss") == "smooth_classification" and (start, n_iter) in fitted:
-            # init="independent" would fit independent -> surrogate likelihood
-            # -> smooth classification; the surrogate row holds that fit.
-            model = copy.deepcopy(fitted[(start, n_iter)]).set_params(**params, warm_start=True)
-            note = " (from the surrogate likelihood fit)"
-        seconds = _common.timed_fit(model, X_train, y_train)
-        if key in ("surrogate-trw", "surrogate-mnf"):
-            fitted[(key, n_iter)] = model
-        train_error = _common.error_rate(model, X_train, y_train, args.batch)
-        test_error = _common.error_rate(model, X_test, y_test, args.batch)
-        results[(key, n_iter)] = _common.fit_record(model, name, train_error, test_error, seconds, n_iter=n_iter)
-        if n_iter in (None, args.iters[-1]):
-            marginals[key] = model.predict_proba([X_test[k]])[0][..., 1]
+        if key == "independent":
+            model, state = independent_fit(REG[key]), store.load(f"independent-{REG[key]:.0e}")
+        else:
+            if params.get("loss") == "smooth_classification":
+                surrogate = "surrogate-trw" if params["inference"] == "trw" else "surrogate-mnf"
+                if (surrogate, n_iter) not in models:
+                    raise SystemExit(f"row {key} starts from the {surrogate} fit: add {surrogate} to --rows")
+                source = models[(surrogate, n_iter)]
+                note = " (from the surrogate likelihood fit)"
+            else:
+                source = independent_fit(REG[key])
+            start = {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
+            model, state = store.fit(cell, _model(args, key, n_iter), X_train, y_train, start, args.max_iter, args.segment)
+        models[(key, n_iter)] = model
+        record_path = Path(args.checkpoints) / f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}.json"
+        if record_path.exists():
+            record = json.loads(record_path.read_text())
+        else:
+            with _common.Timer() as evaluation:
+                train_error = _common.error_rate(model, X_train, y_train, args.batch)
+                test_error = _common.error_rate(model, X_test, y_test, args.batch)
+            record = _common.fit_record(model, name, train_error, test_error, state["seconds"], n_iter=n_iter,
+                                        segments=state["segments"], evaluation_seconds=evaluation.seconds)
+            record_path.write_text(json.dumps(record, indent=1) + "\n")
+        results[(key, n_iter)] = record
         where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
         print(
-            f"  {where}{name:<26} train {train_error:.3f}  test {test_error:.3f}  fit {seconds:7.1f} s  "
-            f"({model.n_iter_} L-BFGS it.){note}",
+            f"  {where}{name:<26} train {record['train']:.3f}  test {record['test']:.3f}  "
+            f"fit {record['seconds']:7.1f} s  ({record['lbfgs_iterations']} L-BFGS it.){note}",
             flush=True,
         )
-    return results, marginals, k
+    return results, models
 
 
 def _tables(args, results, pixels):
@@ -268,7 +337,12 @@ def main(argv=None):
             f"rows {args.rows}, iterations {args.iters}, at most {args.max_iter} L-BFGS iterations",
             flush=True,
         )
-        results, marginals, k = run(args, X_train, y_train, X_test, y_test)
+        results, models = run(args, X_train, y_train, X_test, y_test)
+        k = min(max(args.figure_image, 0), len(X_test) - 1)
+        marginals = {}
+        for (key, n_iter), model in models.items():
+            if n_iter in (None, args.iters[-1]):
+                marginals[key] = model.predict_proba([X_test[k]])[0][..., 1]
     text = _tables(args, results, pixels)
     text += f"\n\nFeatures: {features.seconds:.1f} s. Total wall time: {total.seconds:.1f} s"
     _common.report(text, args.out, "horses_table.txt")

@@ -71,9 +71,13 @@ def incidence(n_nodes, edges):
     return Incidence(ptr, np.ascontiguousarray(edge), np.ascontiguousarray(side))
 
 
-def _as_float_array(value, name, ndim):
+def _as_float_array(value, name, ndim, keep_float32=False):
+    """``value`` as a C-contiguous finite float64 array (float32 kept as is
+    with ``keep_float32``: features stored in single precision halve the
+    memory of large data sets; the model's arithmetic stays in float64)."""
+    dtype = np.float32 if keep_float32 and getattr(value, "dtype", None) == np.float32 else np.float64
     try:
-        array = np.asarray(value, dtype=np.float64)
+        array = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real numbers: {exc}") from None
     if array.ndim != ndim:

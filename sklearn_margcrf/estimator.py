@@ -62,8 +62,8 @@ INFERENCE_CHOICES = INFERENCE_METHODS + ("independent",)
 
 
 class _Sample:
-    """A validated sample: float64 features, int64 edges, and the original
-    sample (for its grid / image shape)."""
+    """A validated sample: float64 (or float32) features, int64 edges, and the
+    original sample (for its grid / image shape)."""
 
     __slots__ = ("node_features", "edges", "edge_features", "sample")
 
@@ -87,7 +87,9 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
 
     With ``n_node_features`` / ``n_edge_features`` given (predict), the feature
     dimensions must match them; otherwise they must agree across samples.
-    Inputs are never modified (float64 contiguous inputs are not even copied).
+    Inputs are never modified (float64 or float32 contiguous inputs are not
+    even copied: float32 features stay float32, and are promoted to float64
+    one image at a time where the weights multiply them).
     """
     if isinstance(X, np.ndarray) and X.dtype != object:
         raise TypeError(
@@ -102,7 +104,7 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
     for k in range(len(X)):
         sample = as_sample(X[k])
         nf, edges, ef = sample
-        nf = _as_float_array(nf, f"X[{k}] node_features", 2)
+        nf = _as_float_array(nf, f"X[{k}] node_features", 2, keep_float32=True)
         n_nodes = nf.shape[0]
         if n_nodes == 0:
             raise ValueError(f"X[{k}] has no nodes (node_features of shape {nf.shape})")
@@ -117,7 +119,7 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
             )
             ef = np.zeros((0, width))
         else:
-            ef = _as_float_array(ef, f"X[{k}] edge_features", 2)
+            ef = _as_float_array(ef, f"X[{k}] edge_features", 2, keep_float32=True)
         if ef.shape[0] != n_edges:
             raise ValueError(
                 f"X[{k}] has {n_edges} edges but edge_features has {ef.shape[0]} rows "
@@ -993,13 +995,22 @@ class _LogisticData:
         self.features = np.concatenate(features)
         self.targets = np.concatenate(targets)
 
+    #: rows per block: float32 features are promoted to float64 a block at a
+    #: time instead of as one copy of the whole stack
+    block = 1 << 16
+
     def loss_grad(self, w, shape_f, n_labelled, reg):
         F = w.reshape(shape_f)
-        theta = self.features @ F.T
-        log_z = logsumexp(theta, axis=1)
-        rows = np.arange(theta.shape[0])
-        value = float(np.sum(log_z - theta[rows, self.targets]))
-        p = np.exp(theta - log_z[:, None])
-        p[rows, self.targets] -= 1.0
-        grad = (p.T @ self.features).ravel()
-        return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w
+        value = 0.0
+        grad = np.zeros(shape_f)
+        for start in range(0, self.targets.shape[0], self.block):
+            features = self.features[start:start + self.block].astype(np.float64, copy=False)
+            targets = self.targets[start:start + self.block]
+            theta = features @ F.T
+            log_z = logsumexp(theta, axis=1)
+            rows = np.arange(theta.shape[0])
+            value += float(np.sum(log_z - theta[rows, targets]))
+            p = np.exp(theta - log_z[:, None])
+            p[rows, targets] -= 1.0
+            grad += p.T @ features
+        return value / n_labelled + reg * float(w @ w), grad.ravel() / n_labelled + 2.0 * reg * w

@@ -366,6 +366,7 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
     _parameter_constraints = {
         "scale": [Interval(numbers.Real, 0, 1, closed="right")],
         "n_jobs": [None, Interval(numbers.Integral, None, -1, closed="right"), Interval(numbers.Integral, 1, None, closed="left")],
+        "dtype": "no_validation",  # checked in _check_params
     }
 
     def fit(self, X, y=None):
@@ -406,6 +407,12 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
 
     def _check_params(self):
         self._validate_params()
+        try:
+            dtype = np.dtype(self.dtype) if self.dtype is not None else None
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.name not in ("float64", "float32"):
+            raise ValueError(f"dtype must be numpy.float64 or numpy.float32, got {self.dtype!r}")
         for name in ("rgb_thresholds", "sobel_thresholds"):
             if name in self.get_params(deep=False):
                 value = np.asarray(getattr(self, name), dtype=np.float64)
@@ -422,11 +429,11 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
         reduced = _resize(image, grid_shape)
         edges = grid_edges(*grid_shape)
         edge_features = self._edge_features(reduced, edges, grid_shape)
-        node_features = np.ascontiguousarray(unary.reshape(-1, unary.shape[-1]))
+        node_features = np.ascontiguousarray(unary.reshape(-1, unary.shape[-1]), dtype=self.dtype)
         return CRFSample(
             node_features,
             edges,
-            np.ascontiguousarray(edge_features),
+            np.ascontiguousarray(edge_features, dtype=self.dtype),
             grid_shape=grid_shape,
             image_shape=image_shape,
         )
@@ -455,6 +462,10 @@ class DenoisingFeatures(_GridFeatures):
     n_jobs : int, default=None
         Images processed in parallel (joblib); None means 1 unless a
         ``joblib.parallel_config`` context says otherwise.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Type of the feature arrays. float32 halves their memory for large
+        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
+        and computes in float64.
 
     Examples
     --------
@@ -467,9 +478,10 @@ class DenoisingFeatures(_GridFeatures):
 
     _colour = False
 
-    def __init__(self, *, scale=1.0, n_jobs=None):
+    def __init__(self, *, scale=1.0, n_jobs=None, dtype=np.float64):
         self.scale = scale
         self.n_jobs = n_jobs
+        self.dtype = dtype
 
     def _unary_map(self, image):
         return np.stack([np.ones_like(image), image], axis=-1)
@@ -562,6 +574,10 @@ class HorseFeatures(_ColourFeatures):
     n_jobs : int, default=None
         Images processed in parallel (joblib); None means 1 unless a
         ``joblib.parallel_config`` context says otherwise.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Type of the feature arrays. float32 halves their memory for large
+        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
+        and computes in float64.
 """
     )
 
@@ -581,6 +597,7 @@ class HorseFeatures(_ColourFeatures):
         rgb_thresholds=RGB_THRESHOLDS,
         sobel_thresholds=SOBEL_THRESHOLDS,
         n_jobs=None,
+        dtype=np.float64,
     ):
         self.scale = scale
         self.hog_orientations = hog_orientations
@@ -590,6 +607,7 @@ class HorseFeatures(_ColourFeatures):
         self.rgb_thresholds = rgb_thresholds
         self.sobel_thresholds = sobel_thresholds
         self.n_jobs = n_jobs
+        self.dtype = dtype
 
     def _base_edge_features(self, reduced, edges):
         sobel = sobel_magnitude(reduced).ravel()
@@ -626,6 +644,10 @@ class BackgroundFeatures(_ColourFeatures):
     n_jobs : int, default=None
         Images processed in parallel (joblib); None means 1 unless a
         ``joblib.parallel_config`` context says otherwise.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Type of the feature arrays. float32 halves their memory for large
+        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
+        and computes in float64.
 """
     )
 
@@ -639,6 +661,7 @@ class BackgroundFeatures(_ColourFeatures):
         fourier_scale=np.pi,
         rgb_thresholds=RGB_THRESHOLDS,
         n_jobs=None,
+        dtype=np.float64,
     ):
         self.scale = scale
         self.hog_orientations = hog_orientations
@@ -647,6 +670,7 @@ class BackgroundFeatures(_ColourFeatures):
         self.fourier_scale = fourier_scale
         self.rgb_thresholds = rgb_thresholds
         self.n_jobs = n_jobs
+        self.dtype = dtype
 
 
 # ---------------------------------------------------------------------------

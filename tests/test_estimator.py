@@ -646,3 +646,47 @@ def test_worker_warnings_reach_the_caller_once(n_jobs):
     assert from_fit and any("did not converge" in str(w.message) for w in from_fit)
     assert len({str(w.message) for w in from_fit}) == len(from_fit)  # each reported once
     assert any(issubclass(w.category, ConvergenceWarning) and "marginals are not converged" in str(w.message) for w in caught)
+
+
+def _as_float32(X):
+    return [
+        CRFSample(s.node_features.astype(np.float32), s.edges, s.edge_features.astype(np.float32), grid_shape=s.grid_shape)
+        for s in X
+    ]
+
+
+@pytest.mark.parametrize("inference", ["trw", "independent"])
+def test_float32_features_are_kept_and_fit_like_float64(inference):
+    # The features are exactly representable in both precisions after the
+    # cast, so the two fits see the same numbers and must agree to round-off
+    # of the float64 arithmetic (the batches are not upcast as a whole).
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    X32 = _as_float32(X)
+    X64 = [CRFSample(s.node_features.astype(np.float64), s.edges, s.edge_features.astype(np.float64),
+                     grid_shape=s.grid_shape) for s in X32]
+    samples, _, _ = _check_X(X32)
+    assert all(s.node_features.dtype == np.float32 and s.edge_features.dtype == np.float32 for s in samples)
+    assert all(s.node_features is x.node_features for s, x in zip(samples, X32))  # not copied
+    params = dict(inference=inference, n_iter=5, max_iter=30, lbfgs_tol=1e-10)
+    a = MarginalCRF(**params)
+    b = MarginalCRF(**params)
+    fit_quietly(a, X64, y)
+    fit_quietly(b, X32, y)
+    np.testing.assert_allclose(b.unary_coef_, a.unary_coef_, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(b.pairwise_coef_, a.pairwise_coef_, rtol=1e-7, atol=1e-9)
+    for p, q in zip(b.predict_proba(X32), a.predict_proba(X64)):
+        assert p.dtype == np.float64
+        np.testing.assert_allclose(p, q, atol=1e-10)
+
+
+def test_independent_fast_path_blocks_give_the_unblocked_sums(monkeypatch):
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    samples, _, _ = _check_X(_as_float32(X))
+    labels, n_states = _check_y(y, samples)
+    data = _LogisticData(samples, labels)
+    w = np.random.default_rng(2).normal(size=n_states * 4)
+    whole = data.loss_grad(w, (n_states, 4), 50, 0.1)
+    monkeypatch.setattr(_LogisticData, "block", 7)  # 60 rows: 8 full blocks and a partial one
+    blocked = data.loss_grad(w, (n_states, 4), 50, 0.1)
+    assert blocked[0] == pytest.approx(whole[0], rel=1e-12)
+    np.testing.assert_allclose(blocked[1], whole[1], rtol=1e-12, atol=1e-14)

@@ -52,3 +52,16 @@ def test_horses_downscale_labels():
     assert small.shape == (10, 15, 3) and small.dtype == np.uint8
     assert small_labels.shape == (10, 15)
     assert small_labels[:, :7].max() == 0 and small_labels[:, 8:].min() == 1
+
+
+def test_horses_rerun_resumes_from_its_checkpoints(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+
+    argv = [
+        "--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "2",
+        "--n-test", "1", "--max-iter", "3", "--segment", "2", "--iters", "2", "--rows", "surrogate-trw,smooth5,pseudo",
+    ]
+    first = horses.main(argv)
+    monkeypatch.setattr(MarginalCRF, "fit", lambda *a: pytest.fail("a finished cell was fitted again"))
+    assert horses.main(argv) == first
+    assert all(row["segments"] == 2 for row in first.values())  # 3 iterations in segments of 2

@@ -89,6 +89,20 @@ def test_invalid_parameters_and_images():
         DenoisingFeatures().transform(np.zeros((3, 3)))
 
 
+@pytest.mark.parametrize("transformer", [DenoisingFeatures, HorseFeatures, BackgroundFeatures])
+def test_float32_dtype_rounds_the_float64_features(transformer):
+    image = np.random.default_rng(3).random((12, 10) if transformer is DenoisingFeatures else (12, 10, 3))
+    a = transformer().transform([image])[0]
+    b = transformer(dtype=np.float32).transform([image])[0]
+    for x, y in ((a.node_features, b.node_features), (a.edge_features, b.edge_features)):
+        assert x.dtype == np.float64 and y.dtype == np.float32 and y.flags.c_contiguous
+        np.testing.assert_array_equal(y, x.astype(np.float32))
+    with pytest.raises(ValueError, match="dtype must be numpy.float64 or numpy.float32"):
+        transformer(dtype=np.int32).transform([image])
+    with pytest.raises(ValueError, match="dtype"):
+        transformer(dtype="not a type").transform([image])
+
+
 def test_integer_images_are_scaled_to_unit_range():
     image = np.random.default_rng(1).integers(0, 256, size=(5, 6, 3)).astype(np.uint8)
     a = HorseFeatures().transform([image])[0]
