@@ -33,8 +33,8 @@ Run::
 
     python examples/backgrounds.py [--data PATH] [--quick] [--out DIR] [--n-jobs N]
 
-``--quick``: the first 40 images, 2 folds, incremental from 8 images with 12
-L-BFGS iterations (8 x 12, 16 x 6, then the 20 training images x 3). ``--rows``, ``--iters``, ``--folds``, ``--n-images``,
+``--quick``: the first 24 images, 2 folds, incremental from 6 images with 8
+L-BFGS iterations (6 x 8, then the 12 training images x 4). ``--rows``, ``--iters``, ``--folds``, ``--n-images``,
 ``--max-iter``, ``--incremental`` select a part of the protocol (e.g. one fold
 at a time on a shared machine). Outputs in ``--out``: ``backgrounds_table.txt``,
 ``backgrounds_marginals.png``, ``backgrounds_results.json``.
@@ -135,19 +135,19 @@ def schedule_work(n_images, incremental, max_iter):
 
 
 def _arguments(parser):
-    parser.add_argument("--n-images", type=int, default=None, help="first N images in sorted id order (default: all 715; --quick: 40)")
+    parser.add_argument("--n-images", type=int, default=None, help="first N images in sorted id order (default: all 715; --quick: 24)")
     parser.add_argument("--n-folds", type=int, default=None, help="cross-validation folds (default 5; --quick: 2)")
     parser.add_argument("--folds", type=_common.int_list, default=None, help="evaluate only these folds, e.g. 0,1 (default: all)")
     parser.add_argument("--iters", type=_common.int_list, default=None, help="truncated fitting iterations (default 5,10,20)")
-    parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations of the first stage (default 1000; --quick: 12)")
-    parser.add_argument("--incremental", type=int, default=None, help="images of the first stage, 0 = all at once (default 32; --quick: 8)")
+    parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations of the first stage (default 1000; --quick: 8)")
+    parser.add_argument("--incremental", type=int, default=None, help="images of the first stage, 0 = all at once (default 32; --quick: 6)")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows among {','.join(ROWS)} (or all)")
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the folds and the incremental subsets")
     parser.add_argument("--figure-image", default=None, help="id of the image shown in the figure (default: the first test image)")
 
 
-QUICK = dict(n_images=40, n_folds=2, iters=list(ITERATIONS), max_iter=12, incremental=8)
+QUICK = dict(n_images=24, n_folds=2, iters=list(ITERATIONS), max_iter=8, incremental=6)
 FULL = dict(n_images=None, n_folds=5, iters=list(ITERATIONS), max_iter=1000, incremental=32)
 
 

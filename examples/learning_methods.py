@@ -44,7 +44,7 @@ Default: the paper's 100 training images and 100 other test images (the
 paper does not say which images it tested on; here a random, seeded choice
 of 200 among the 715), up to 1000 L-BFGS iterations and one hour of fitting
 per method (``--time-budget``, on the time axis: the last prefix fit is
-shortened to end near it, at the mean cost per iteration of the previous one). ``--quick``: 12 training and 12 test images, 16 L-BFGS
+shortened to end near it, at the mean cost per iteration of the previous one). ``--quick``: 8 training and 8 test images, 12 L-BFGS
 iterations. Outputs in ``--out``: ``learning_methods_table.txt``,
 ``learning_methods.png``, ``learning_methods_curves.json``.
 """
@@ -66,12 +66,12 @@ REG = 1e-3
 
 
 def _arguments(parser):
-    parser.add_argument("--n-train", type=int, default=None, help="training images (default 100; --quick: 12)")
-    parser.add_argument("--n-test", type=int, default=None, help="test images (default 100; --quick: 12)")
+    parser.add_argument("--n-train", type=int, default=None, help="training images (default 100; --quick: 8)")
+    parser.add_argument("--n-test", type=int, default=None, help="test images (default 100; --quick: 8)")
     parser.add_argument("--trunc-iters", type=int_list, default=None, help="truncated fitting iterations (default 5,10,20,40)")
     parser.add_argument("--tols", type=float_list, default=None, help="perturbation / back-propagation thresholds (default 1e-2,1e-3,1e-4,1e-5)")
     parser.add_argument("--methods", default=",".join(FAMILIES), help="comma-separated among truncated,perturbation,backprop")
-    parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations per method (default 1000; --quick: 16)")
+    parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations per method (default 1000; --quick: 12)")
     parser.add_argument("--init-max-iter", type=int, default=None, help="L-BFGS iterations of the independent model that starts every method (default 1000; --quick: 200)")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of fitting per method on the time axis, checked after each test-error fit (default 3600; --quick: none)")
     parser.add_argument("--ratio", type=float, default=3.0, help="ratio of the geometric sequence of L-BFGS iterations where the test error is measured (default 3)")
@@ -79,7 +79,7 @@ def _arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="seeds the choice of the images")
 
 
-QUICK = dict(n_train=12, n_test=12, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=16,
+QUICK = dict(n_train=8, n_test=8, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=12,
              init_max_iter=200, time_budget=None)
 FULL = dict(n_train=100, n_test=100, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=1000,
             init_max_iter=1000, time_budget=3600.0)

@@ -87,6 +87,37 @@ def _as_float_array(value, name, ndim, keep_float32=False):
     return np.ascontiguousarray(array)
 
 
+def _as_labels(labels, name, n_states=None):
+    """``labels`` as an int64 array of the same shape, each -1 (hidden /
+    unlabelled) or a state in [0, n_states).
+
+    The one label check of the package (loss_and_grad, MarginalCRF, the
+    metrics): bool arrays and floats holding whole numbers are accepted as
+    integers; NaN, infinities, fractions and other types are refused.
+    """
+    labels = np.asarray(labels)
+    if labels.dtype == bool:
+        labels = labels.astype(np.int64)
+    elif not np.issubdtype(labels.dtype, np.integer):
+        whole = (
+            np.issubdtype(labels.dtype, np.floating)
+            and np.all(np.isfinite(labels))
+            and np.all(labels == np.round(labels))
+        )
+        if not whole:
+            what = "values that are not whole numbers" if np.issubdtype(labels.dtype, np.floating) else "no integers"
+            raise ValueError(f"{name} must hold integer labels (-1 = hidden), got dtype {labels.dtype} with {what}")
+    labels = labels.astype(np.int64, copy=False)
+    if labels.size and labels.min() < -1:
+        raise ValueError(f"{name} has label {labels.min()}: labels must be >= 0, or -1 for a hidden (unlabelled) node")
+    if n_states is not None and labels.size and labels.max() >= n_states:
+        raise ValueError(
+            f"{name} has label {labels.max()} but n_states={n_states}: labels must lie in [0, {n_states - 1}] "
+            "(-1 = hidden)"
+        )
+    return labels
+
+
 def validate_edges(edges, n_nodes):
     """Check an (E, 2) edge array against ``n_nodes``; return it as int64."""
     edges = np.asarray(edges)

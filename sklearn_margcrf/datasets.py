@@ -194,6 +194,21 @@ def read_horse(rgb_path, mask_path, threshold=128):
     return image, (mask >= threshold).astype(np.int64)
 
 
+def _split_bunch(images, labels, ids, subsets, **fields):
+    """The Bunch of a data set with a train / test split: ``subset`` names
+    each image's part, ``train_index`` / ``test_index`` list them."""
+    subsets = np.array(subsets, dtype=object)
+    return Bunch(
+        images=images,
+        labels=labels,
+        ids=ids,
+        subset=subsets,
+        train_index=np.flatnonzero(subsets == "train"),
+        test_index=np.flatnonzero(subsets == "test"),
+        **fields,
+    )
+
+
 def load_horses(
     path=None,
     *,
@@ -272,14 +287,8 @@ def load_horses(
         labels.append(mask)
     if return_X_y:
         return images, labels
-    subsets = np.array([split[i] for i in chosen], dtype=object)
-    return Bunch(
-        images=images,
-        labels=labels,
-        ids=chosen,
-        subset=subsets,
-        train_index=np.flatnonzero(subsets == "train"),
-        test_index=np.flatnonzero(subsets == "test"),
+    return _split_bunch(
+        images, labels, chosen, [split[i] for i in chosen],
         target_names=np.array(["background", "horse"]),
         path=str(folder),
         DESCR=(
@@ -567,14 +576,8 @@ def load_bsds_denoising(
         labels.append(x)
     if return_X_y:
         return images, labels
-    subsets = np.array(["train"] * int(n_train) + ["test"] * int(n_test), dtype=object)
-    return Bunch(
-        images=images,
-        labels=labels,
-        ids=chosen,
-        subset=subsets,
-        train_index=np.flatnonzero(subsets == "train"),
-        test_index=np.flatnonzero(subsets == "test"),
+    return _split_bunch(
+        images, labels, chosen, ["train"] * int(n_train) + ["test"] * int(n_test),
         noise=noise,
         path=str(folder),
         DESCR=(

@@ -45,7 +45,7 @@ from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted, check_random_state
 
-from ._graph import _as_float_array, validate_edges
+from ._graph import _as_float_array, _as_labels, validate_edges
 from .edge_appearance import RHO_RULES
 from .gradients import GRADIENT_MODES, INFERENCE_FREE_LOSSES, INFERENCE_METHODS, LOSSES, check_combination, loss_and_grad
 from .inference import infer
@@ -160,20 +160,12 @@ def _check_y(y, samples, n_states=None):
         )
     labels = []
     for k, (s, lab) in enumerate(zip(samples, y)):
-        lab = np.asarray(lab)
-        if lab.dtype == bool:
-            lab = lab.astype(np.int64)
-        if not np.issubdtype(lab.dtype, np.integer):
-            if not (np.issubdtype(lab.dtype, np.floating) and np.all(np.isfinite(lab)) and np.all(lab == np.round(lab))):
-                raise ValueError(f"y[{k}] must hold integer labels (-1 = unlabelled), got dtype {lab.dtype}")
+        lab = _as_labels(lab, f"y[{k}]")
         try:
             flat = labels_to_grid(lab, s.sample)
         except ValueError as exc:
             raise ValueError(f"y[{k}]: label count does not match the node count: {exc}") from None
-        flat = np.asarray(flat, dtype=np.int64)
-        if flat.size and flat.min() < -1:
-            raise ValueError(f"y[{k}] has label {flat.min()}: labels must be >= 0, or -1 for an unlabelled node")
-        labels.append(flat)
+        labels.append(np.asarray(flat, dtype=np.int64))
     max_label = max((int(f.max()) for f in labels if f.size), default=-1)
     if n_states is None:
         n_states = max(max_label + 1, 2)

@@ -36,7 +36,7 @@ import warnings
 
 import numpy as np
 
-from ._graph import check_positive, validate_model
+from ._graph import _as_labels, check_positive, validate_model
 from .entropy import mean_field_entropy, trw_entropy
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import METHODS as INFERENCE_METHODS
@@ -81,16 +81,7 @@ def _check_labels(labels, n_nodes, n_states):
     labels = np.asarray(labels)
     if labels.shape != (n_nodes,):
         raise ValueError(f"labels must have shape (n,) = ({n_nodes},), got {labels.shape}")
-    if labels.size and not np.issubdtype(labels.dtype, np.integer):
-        if not (np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels))):
-            raise ValueError(f"labels must be integers (-1 = hidden), got dtype {labels.dtype}")
-    labels = labels.astype(np.int64)
-    if labels.size and (labels.min() < -1 or labels.max() >= n_states):
-        raise ValueError(
-            f"labels must lie in [-1, {n_states - 1}] (-1 = hidden) for K = {n_states} states, "
-            f"got values in [{labels.min()}, {labels.max()}]"
-        )
-    return labels
+    return _as_labels(labels, "labels", n_states)
 
 
 class _Problem:

@@ -45,7 +45,6 @@ from scipy.special import expit, logsumexp, softmax
 __all__ = [
     "LOG_FLOOR",
     "MARGINAL_LOSSES",
-    "hamming_error",
     "marginal_loss",
     "piecewise",
     "pseudolikelihood",
@@ -326,27 +325,3 @@ def piecewise(edges, unary, pairwise, labels):
         g *= kept[:, None]
         grad_pairwise = g.reshape(n_edges, k, k)
     return float(value), grad_unary, grad_pairwise
-
-
-# ---------------------------------------------------------------------------
-# scorer helpers
-# ---------------------------------------------------------------------------
-
-
-def hamming_error(unary_marginals, labels):
-    """MPM (argmax of the unary marginals) errors on the labelled nodes.
-
-    Returns
-    -------
-    n_errors : int
-        Labelled nodes whose argmax (first maximiser on ties) differs from the
-        label.
-    n_labelled : int
-        Number of nodes with ``labels >= 0``.
-    """
-    mu = np.asarray(unary_marginals)
-    labels = np.asarray(labels, dtype=np.int64)
-    observed = labels >= 0
-    predicted = np.argmax(mu, axis=1)
-    n_errors = int(np.count_nonzero(predicted[observed] != labels[observed]))
-    return n_errors, int(np.count_nonzero(observed))

@@ -26,6 +26,7 @@ scorer                          function
 
 import numpy as np
 
+from ._graph import _as_labels
 from .sample import labels_to_grid
 
 __all__ = [
@@ -56,13 +57,7 @@ def _flat_labels(labels, size, k, name):
         raise ValueError(
             f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but {name}[{k}] has {size} entries"
         )
-    if labels.dtype != bool and not np.issubdtype(labels.dtype, np.integer):
-        if not (np.issubdtype(labels.dtype, np.floating) and np.all(labels == np.round(labels))):
-            raise ValueError(f"y_true[{k}] must hold integer labels (-1 = unlabelled), got dtype {labels.dtype}")
-    flat = labels.reshape(-1).astype(np.int64, copy=False)
-    if flat.size and flat.min() < -1:
-        raise ValueError(f"y_true[{k}] has label {flat.min()}: labels must be >= 0 or -1 (unlabelled)")
-    return flat
+    return _as_labels(labels, f"y_true[{k}]").reshape(-1)
 
 
 def _labelled(y_true, marginals):
