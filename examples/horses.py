@@ -117,6 +117,10 @@ def _arguments(parser):
         help="folder of the resumable fits (default OUT/horses_checkpoints/<settings>); rerunning resumes",
     )
     parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_features)")
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="fit nothing: the table and figure of the cells finished so far (e.g. while a long run goes on)",
+    )
     parser.add_argument("--verbose", type=int, default=0, help="MarginalCRF verbose level (1: one line per L-BFGS iteration)")
 
 
@@ -188,12 +192,21 @@ def _model(args, key, n_iter):
     return MarginalCRF(**params)
 
 
+#: Run order within a column: the rows behind the paper's main findings first
+#: (surrogate likelihood failing at 10 iterations, TRW against mean field,
+#: marginal losses against the likelihood), so that a partial run shows them.
+RUN_ORDER = ("surrogate-trw", "ulogistic-trw", "ulogistic-mnf", "surrogate-mnf", "clogistic-trw",
+             "clogistic-mnf", "smooth50", "smooth15", "smooth5")
+
+
 def _cells(args):
     """(row key, iterations or None) in run order: the single fits first, then
-    every row at the fewest iterations, and so on (a partial run gives whole
-    columns); a smooth classification row after its surrogate likelihood row."""
+    every row at the fewest iterations (in ``RUN_ORDER``), and so on (a
+    partial run gives whole columns); smooth classification after the
+    surrogate likelihood row it starts from."""
     cells = [(key, None) for key in args.rows if key in SINGLE]
-    return cells + [(key, n) for n in args.iters for key in args.rows if key not in SINGLE]
+    column = [key for key in RUN_ORDER if key in args.rows]
+    return cells + [(key, n) for n in args.iters for key in column]
 
 
 def _cell_name(key, n_iter):
@@ -228,8 +241,15 @@ def run(args, X_train, y_train, X_test, y_test):
         name, params = ROWS[key]
         cell = _cell_name(key, n_iter)
         note = ""
+        checkpoint = f"independent-{REG[key]:.0e}" if key == "independent" else cell
+        if args.report_only:
+            saved = store.load(checkpoint)
+            if saved is None or not saved["done"]:
+                continue
         if key == "independent":
-            model, state = independent_fit(REG[key]), store.load(f"independent-{REG[key]:.0e}")
+            model, state = independent_fit(REG[key]), store.load(checkpoint)
+        elif args.report_only:  # a finished fit: its start is not needed
+            model, state = store.fit(cell, _model(args, key, n_iter), X_train, y_train, None, args.max_iter, args.segment)
         else:
             if params.get("loss") == "smooth_classification":
                 surrogate = "surrogate-trw" if params["inference"] == "trw" else "surrogate-mnf"
@@ -283,8 +303,11 @@ def _tables(args, results, pixels):
         f"(TRW to {args.test_tol:g} at test) and independent in the last column.\n"
         f"{args.n_train} training / {args.n_test} test images at scale {args.scale:g} "
         f"({pixels['train'] / 1e6:.2f} M / {pixels['test'] / 1e6:.2f} M pixels); at most {args.max_iter} "
-        "L-BFGS iterations per fit.\nPaper: 200 / 128 images at full resolution."
+        f"L-BFGS iterations per fit, restarted every {args.segment}.\nPaper: 200 / 128 images at full resolution."
     )
+    n_cells = len(_cells(args))
+    if len(results) < n_cells:
+        title += f"\nPARTIAL RUN: {len(results)} of {n_cells} cells finished; blank cells are not run yet."
     paper = PAPER if list(args.iters) == list(ITERATIONS) else None
     table = _common.format_table(title, header, rows, paper=paper)
     note = ""

@@ -65,3 +65,16 @@ def test_horses_rerun_resumes_from_its_checkpoints(horses_dir, tmp_path, monkeyp
     monkeypatch.setattr(MarginalCRF, "fit", lambda *a: pytest.fail("a finished cell was fitted again"))
     assert horses.main(argv) == first
     assert all(row["segments"] == 2 for row in first.values())  # 3 iterations in segments of 2
+
+
+def test_horses_report_only_shows_the_finished_cells(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "2",
+            "--n-test", "1", "--max-iter", "2", "--iters", "2"]
+    done = horses.main(argv + ["--rows", "ulogistic-trw,independent"])
+    monkeypatch.setattr(MarginalCRF, "fit", lambda *a: pytest.fail("--report-only fitted"))
+    report = horses.main(argv + ["--rows", "ulogistic-trw,clogistic-mnf,independent", "--report-only"])
+    assert report == done
+    table = (tmp_path / "horses_table.txt").read_text()
+    assert "PARTIAL RUN: 2 of 3 cells finished" in table
