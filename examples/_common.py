@@ -9,6 +9,7 @@ the source checkout when the package is not installed.
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import sys
@@ -309,6 +310,42 @@ def restore(model, weights):
     return model
 
 
+def resumable_arguments(parser, example):
+    """``--segment``, ``--checkpoints``, ``--report-only`` and ``--verbose``:
+    the options of a run made of :class:`Checkpoints` fits."""
+    parser.add_argument(
+        "--segment", type=int, default=50,
+        help="L-BFGS iterations between checkpoints; L-BFGS restarts at each (default 50)",
+    )
+    parser.add_argument(
+        "--checkpoints", default=None,
+        help=f"folder of the resumable fits (default OUT/{example}_checkpoints/<settings>); rerunning resumes",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="fit nothing: the table and figure of the cells finished so far (e.g. while a long run goes on)",
+    )
+    parser.add_argument("--verbose", type=int, default=0, help="MarginalCRF verbose level (1: one line per L-BFGS iteration)")
+
+
+def checkpoint_folder(args, example, settings):
+    """Check ``--segment`` and default ``--checkpoints`` to
+    ``OUT/<example>_checkpoints/<settings>``; ``settings`` must name every
+    option that changes the fits, so that other settings never resume them."""
+    if args.segment < 1:
+        raise SystemExit("--segment must be at least 1")
+    if args.checkpoints is None:
+        args.checkpoints = str(Path(args.out) / f"{example}_checkpoints" / settings)
+    return args
+
+
+def partial_run_note(n_finished, n_cells):
+    """The line a table title gets when some of its cells are not run yet."""
+    if n_finished >= n_cells:
+        return ""
+    return f"\nPARTIAL RUN: {n_finished} of {n_cells} cells finished; blank cells are not run yet."
+
+
 class Checkpoints:
     """Fits of a long run, each saved to ``folder/<name>.npz`` (weights and
     progress) as it goes, so that a run killed at any point resumes where it
@@ -332,6 +369,24 @@ class Checkpoints:
         state["done"] = bool(state["done"])
         return state
 
+    def finished(self, name):
+        """Whether the fit ``name`` ran to its end."""
+        state = self.load(name)
+        return state is not None and state["done"]
+
+    def record(self, name, evaluate):
+        """The JSON record ``folder/<name>.json``: read when there, otherwise
+        ``evaluate()`` (a JSON-ready dict), timed into its
+        ``evaluation_seconds`` and saved."""
+        path = self.folder / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        with Timer() as timer:
+            record = evaluate()
+        record["evaluation_seconds"] = timer.seconds
+        path.write_text(json.dumps(record, indent=1) + "\n")
+        return record
+
     def save(self, name, state):
         path = self.folder / f"{name}.npz"
         tmp = self.folder / f"{name}.tmp.npz"
@@ -347,7 +402,8 @@ class Checkpoints:
         Each segment starts L-BFGS afresh (its curvature memory is dropped, as
         in the paper's re-initialisation after a bad search direction). The
         fit ends at ``max_iter`` iterations or when a segment stops before its
-        limit (converged, or stopped with no restart left).
+        limit (converged, or stopped with no restart left). A finished fit is
+        only loaded: ``X``, ``y`` and ``start`` are not used and may be None.
         """
         state = self.load(name)
         if state is None:

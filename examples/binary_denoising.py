@@ -31,6 +31,14 @@ we use lambda = 1e-3 for the inference-based losses and 1e-4 for
 pseudolikelihood, piecewise and the independent model, as in its horses and
 backgrounds tables (``--reg`` sets one value for all).
 
+Long runs are resumable: every fit is saved every ``--segment`` L-BFGS
+iterations (``--checkpoints``), and the error rates of each finished cell
+beside it. Run the same command again after an interruption and it goes on
+where it stopped; ``--report-only`` prints the table of the cells finished so
+far without fitting. L-BFGS starts afresh at each segment (as the paper
+re-initialises it after a bad search direction), so ``--segment`` is part of
+the protocol; the default is 50. ``--verbose 1`` logs every L-BFGS iteration.
+
 Caveat: ``gradient_mode="backprop"`` runs the reverse sweeps at the messages
 where inference stopped; at the paper's threshold 1e-4 these are not close
 enough to a fixed point when the coupling is strong, and the sweeps can
@@ -40,9 +48,11 @@ at a few times the inference cost; ``--gradient-mode truncated`` avoids it
 altogether.
 """
 
-import copy
+import functools
 import json
 from pathlib import Path
+
+import numpy as np
 
 import _common
 
@@ -61,6 +71,8 @@ ROWS = {
     "piecewise": ("piecewise", dict(loss="piecewise")),
     "independent": ("independent", dict(inference="independent")),
 }
+#: Rows without inference in learning: cheap, and lambda = 1e-4 by default.
+INFERENCE_FREE = ("pseudo", "piecewise", "independent")
 
 #: Table "Binary denoising error rates": train/test for n = 1.25, 1.5, 5.
 PAPER = {
@@ -99,18 +111,27 @@ def _arguments(parser):
     parser.add_argument("--reg", type=float, default=None, help="one ridge penalty for all rows (default: 1e-3, and 1e-4 for pseudo/piecewise/independent)")
     parser.add_argument("--figure-image", type=int, default=0, help="index of the test image in the figure (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    _common.resumable_arguments(parser, "binary_denoising")
 
 
 def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
-    return args
+    args.noise = list(dict.fromkeys(args.noise))  # each level once, in the given (run) order
+    # n_iter only matters to truncated fitting; tol to the prediction of every mode
+    learning = "backprop" if args.gradient_mode == "backprop" else f"truncated{args.n_iter}"
+    reg = "regdefault" if args.reg is None else f"reg{args.reg:g}"
+    settings = (
+        f"scale{args.scale:g}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}-"
+        f"{learning}-tol{args.tol:g}-{reg}-seed{args.seed}"
+    )
+    return _common.checkpoint_folder(args, "binary_denoising", settings)
 
 
 def _reg(args, key):
     if args.reg is not None:
         return args.reg
-    return 1e-4 if key in ("pseudo", "piecewise", "independent") else 1e-3
+    return 1e-4 if key in INFERENCE_FREE else 1e-3
 
 
 def _model(args, key):
@@ -125,19 +146,25 @@ def _model(args, key):
         max_iter=args.max_iter,
         init="independent",
         n_jobs=args.n_jobs,
+        verbose=args.verbose,
     )
     params.update(ROWS[key][1])
     return MarginalCRF(**params)
 
 
+def _shape(args):
+    """(height, width) of the landscape images."""
+    return max(2, round(200 * args.scale)), max(2, round(300 * args.scale))
+
+
 def _load(args, noise):
+    """{"train" / "test": (samples, labels, noisy images)} at one noise level."""
     from sklearn_margcrf.datasets import load_bsds_denoising
     from sklearn_margcrf.features import DenoisingFeatures
 
-    shape = (max(2, round(200 * args.scale)), max(2, round(300 * args.scale)))
     try:
         data = load_bsds_denoising(
-            args.data, noise=noise, n_train=args.n_train, n_test=args.n_test, shape=shape,
+            args.data, noise=noise, n_train=args.n_train, n_test=args.n_test, shape=_shape(args),
             random_state=args.seed,
         )
     except FileNotFoundError as exc:
@@ -147,88 +174,166 @@ def _load(args, noise):
     split = {}
     for name, index in (("train", data.train_index), ("test", data.test_index)):
         split[name] = ([X[i] for i in index], [data.labels[i] for i in index], [data.images[i] for i in index])
-    return split, shape
+    return split
 
 
-def run_noise_level(args, noise):
-    """Fit every row at one noise level; return {key: result dict} and the figure data."""
-    split, shape = _load(args, noise)
-    X_train, y_train, _ = split["train"]
-    X_test, y_test, test_images = split["test"]
-    k = min(max(args.figure_image, 0), len(X_test) - 1)
-    figure = {"input": test_images[k], "truth": y_test[k]}
+#: Run order within a noise level: the paper's main comparison first
+#: (surrogate likelihood against the marginal losses), smooth classification
+#: after the surrogate likelihood fit it starts from.
+RUN_ORDER = ("surrogate", "ulogistic", "clogistic", "uquad", "smooth50", "smooth15", "smooth5")
+
+
+def _cells(args):
+    """(noise level, row key) in run order: the rows without inference in
+    learning at every level first (minutes), then the others level by level
+    (in ``RUN_ORDER``), so that a partial run gives whole noise levels; by
+    default the noisiest first, where the losses differ most in the paper."""
+    cheap = [(noise, key) for noise in args.noise for key in args.rows if key in INFERENCE_FREE]
+    level = [key for key in RUN_ORDER if key in args.rows]
+    return cheap + [(noise, key) for noise in args.noise for key in level]
+
+
+def _cell_name(noise, key):
+    return f"n{noise:g}-{key}"
+
+
+def _independent_name(noise, reg):
+    return f"n{noise:g}-independent-{reg:.0e}"
+
+
+def _checkpoint_name(args, noise, key):
+    """The checkpoint of a cell: the "independent" row is the independent start at its own lambda."""
+    return _independent_name(noise, _reg(args, key)) if key == "independent" else _cell_name(noise, key)
+
+
+def run(args):
+    """Fit every (noise level, row) cell, resuming from the checkpoints under
+    ``--checkpoints``; return {(noise, key): record} and {noise: figure panels}.
+
+    Every model starts from the independent model with its own lambda, as
+    ``init="independent"`` would; that fit is made once per (noise, lambda)
+    (the "n<noise>-independent-<lambda>" checkpoint; the "independent" row is
+    the one at its own lambda) and shared. Smooth classification starts from
+    the surrogate likelihood fit of its noise level, as its ``init`` would
+    (fitted for it when that row is not among ``--rows``).
+    """
+    store = _common.Checkpoints(args.checkpoints)
+    # one noise level in memory at a time (a full-size one: ~0.6 GB of features)
+    load = functools.lru_cache(maxsize=1)(functools.partial(_load, args))
+    fits, figures, figure_samples = {}, {}, {}
+
+    def fitted(checkpoint, noise, model, start):
+        """(model, progress) of a checkpoint: fitted from ``start()`` once, or loaded when finished."""
+        if checkpoint not in fits:
+            if store.finished(checkpoint):  # only loaded: neither the data nor a start is needed
+                X_train = y_train = weights = None
+            else:
+                X_train, y_train, _ = load(noise)["train"]
+                weights = start()
+            fits[checkpoint] = store.fit(checkpoint, model, X_train, y_train, weights, args.max_iter, args.segment)
+        return fits[checkpoint]
+
+    def independent(noise, reg):
+        def zeros():
+            sample = load(noise)["train"][0][0]
+            n_node_features, n_edge_features = sample.node_features.shape[1], sample.edge_features.shape[1]
+            return {"unary_coef": np.zeros((2, n_node_features)), "pairwise_coef": np.zeros((2, 2, n_edge_features))}
+
+        model = _model(args, "independent").set_params(reg=reg)
+        return fitted(_independent_name(noise, reg), noise, model, zeros)
+
+    def start(noise, key):
+        if ROWS[key][1].get("loss") == "smooth_classification":
+            source, _ = cell_fit(noise, "surrogate")
+        else:
+            source, _ = independent(noise, _reg(args, key))
+        return {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
+
+    def cell_fit(noise, key):
+        if key == "independent":
+            return independent(noise, _reg(args, key))
+        return fitted(_cell_name(noise, key), noise, _model(args, key), lambda: start(noise, key))
+
+    def panels(noise):
+        """The figure's panels of a noise level: the input, then each row's marginals."""
+        if noise not in figures:
+            X_test, y_test, test_images = load(noise)["test"]
+            k = min(max(args.figure_image, 0), len(X_test) - 1)
+            figure_samples[noise] = X_test[k]
+            figures[noise] = {"input": test_images[k], "truth": y_test[k]}
+        return figures[noise]
+
     results = {}
-    fitted = {}
-    for key in args.rows:
-        name, params = ROWS[key]
-        model = _model(args, key)
-        note = ""
-        if params.get("loss") == "smooth_classification" and "surrogate" in fitted:
-            # The estimator's init="independent" does independent -> surrogate
-            # likelihood -> smooth classification; the surrogate likelihood
-            # row already holds that fit with the same settings: start from it.
-            model = copy.deepcopy(fitted["surrogate"]).set_params(**params, warm_start=True)
-            note = " (from the surrogate likelihood fit)"
-        seconds = _common.timed_fit(model, X_train, y_train)
-        fitted[key] = model
-        train_error = _common.error_rate(model, X_train, y_train)
-        test_error = _common.error_rate(model, X_test, y_test)
-        figure[key] = model.predict_proba([X_test[k]])[0][..., 1]
-        results[key] = _common.fit_record(model, name, train_error, test_error, seconds)
+    for noise, key in _cells(args):
+        name = ROWS[key][0]
+        cell = _cell_name(noise, key)
+        if args.report_only and not store.finished(_checkpoint_name(args, noise, key)):
+            continue
+        model, progress = cell_fit(noise, key)
+        record = store.record(f"{cell}.errors-test{args.n_test}", lambda: _common.fit_record(
+            model, name, _common.error_rate(model, *load(noise)["train"][:2]),
+            _common.error_rate(model, *load(noise)["test"][:2]), progress["seconds"], segments=progress["segments"],
+        ))
+        results[(noise, key)] = record
+        figure = panels(noise)
+        figure[key] = model.predict_proba([figure_samples[noise]])[0][..., 1]
+        note = " (from the surrogate likelihood fit)" if ROWS[key][1].get("loss") == "smooth_classification" else ""
         print(
-            f"  n={noise:g}  {name:<22} train {train_error:.3f}  test {test_error:.3f}  "
-            f"fit {seconds:7.1f} s  ({model.n_iter_} L-BFGS it.){note}",
+            f"  n={noise:g}  {name:<22} train {record['train']:.3f}  test {record['test']:.3f}  "
+            f"fit {record['seconds']:7.1f} s  ({record['lbfgs_iterations']} L-BFGS it.){note}",
             flush=True,
         )
-    return results, figure, shape
+    for noise in args.noise:  # the input panels of the levels with no finished cell
+        panels(noise)
+    return results, figures
 
 
-def _tables(args, results, shapes):
-    levels = list(results)
+def _tables(args, results):
+    levels = args.noise
     header = ["Loss"] + [f"{n:g} {part}" for n in levels for part in ("tr", "te")]
-    rows = []
+    rows, time_rows = [], []
     for key in args.rows:
-        values = []
+        values, times = [], []
         for n in levels:
-            values += [results[n][key]["train"], results[n][key]["test"]]
+            cell = results[n].get(key)
+            values += [cell["train"], cell["test"]] if cell else [None, None]
+            times += [f"{cell['seconds']:.1f}", cell["lbfgs_iterations"]] if cell else [None, None]
         rows.append((ROWS[key][0], values))
+        time_rows.append((ROWS[key][0], times))
     if args.gradient_mode == "backprop":
         mode = f"TRW, back-propagation to threshold {args.tol:g}"
     else:
         mode = f"TRW, truncated fitting with {args.n_iter} iterations"
-    shape = shapes[levels[0]]
+    shape = _shape(args)
     reg = f"lambda={args.reg:g}" if args.reg is not None else "lambda=1e-3 (1e-4 for pseudo-likelihood, piecewise, independent)"
     title = (
         "Binary denoising error rates (Domke 2013, Table 'Binary denoising error rates')\n"
         f"{mode}; {args.n_train} training / {args.n_test} test images of {shape[0]}x{shape[1]} "
-        f"(portrait transposed); {reg}; at most {args.max_iter} L-BFGS iterations per fit.\n"
+        f"(portrait transposed); {reg}; at most {args.max_iter} L-BFGS iterations per fit, "
+        f"restarted every {args.segment}.\n"
         "Columns: noise level n, train (tr) / test (te) error rate.\n"
         "Paper: TRW, back-propagation, threshold 1e-4, 32 / 100 images of 200x300."
     )
+    title += _common.partial_run_note(sum(len(level) for level in results.values()), len(_cells(args)))
     paper = {name: PAPER[name] for name, _ in rows if name in PAPER}
     if list(levels) != list(NOISE_LEVELS):
         paper = None  # the paper's columns would not line up
     table = _common.format_table(title, header, rows, paper=paper)
 
-    time_header = ["Fit seconds (s), L-BFGS its (it)"] + [f"{n:g} {part}" for n in levels for part in ("s", "it")]
-    time_rows = []
-    for key in args.rows:
-        values = []
-        for n in levels:
-            values += [f"{results[n][key]['seconds']:.1f}", results[n][key]["lbfgs_iterations"]]
-        time_rows.append((ROWS[key][0], values))
-    note = ""
-    if any(ROWS[k][1].get("loss") == "smooth_classification" for k in args.rows) and "surrogate" in args.rows:
-        note = "\nsmooth class. rows start from the surrogate likelihood fit; its time is not included."
+    note = "\nFit times leave out the starting fit: the independent model"
+    if any(ROWS[k][1].get("loss") == "smooth_classification" for k in args.rows):
+        note += " (for smooth class. rows, the surrogate likelihood fit)"
     timing = _common.format_table(
-        f"Timings on {_common.run_description(args.n_jobs)}{note}", time_header, time_rows
+        f"Timings on {_common.run_description(args.n_jobs)}{note}.",
+        ["Fit seconds (s), L-BFGS its (it)"] + [f"{n:g} {part}" for n in levels for part in ("s", "it")],
+        time_rows,
     )
     return table + "\n\n" + timing
 
 
 def _figure(args, figures):
     plt = _common.pyplot()
-    levels = list(figures)
+    levels = args.noise
     names = ["input"] + list(args.rows)
     labels = {"input": "input", **{k: ROWS[k][0] for k in ROWS}}
     first = figures[levels[0]]["input"]
@@ -241,7 +346,10 @@ def _figure(args, figures):
     for col, n in enumerate(levels):
         for row, key in enumerate(names):
             ax = axes[row, col]
-            ax.imshow(figures[n][key], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+            if key in figures[n]:
+                ax.imshow(figures[n][key], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+            else:
+                ax.text(0.5, 0.5, "not run", ha="center", va="center", fontsize=7, transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
@@ -253,18 +361,18 @@ def _figure(args, figures):
 
 
 def main(argv=None):
-    """Run the experiment; return {noise: {row key: results}}."""
+    """Run the experiment; return {noise: {row key: results}} (the finished cells)."""
     args = _common.start_run("Binary denoising", __doc__, argv, _arguments, _settings)
     print(
         f"  {args.n_train} train / {args.n_test} test images, scale {args.scale:g}, rows {args.rows}, "
-        f"gradient_mode={args.gradient_mode}, at most {args.max_iter} L-BFGS iterations",
+        f"gradient_mode={args.gradient_mode}, at most {args.max_iter} L-BFGS iterations in segments of "
+        f"{args.segment}; checkpoints in {args.checkpoints}",
         flush=True,
     )
-    results, figures, shapes = {}, {}, {}
     with _common.Timer() as total, _common.blas_single_thread():
-        for noise in args.noise:
-            results[noise], figures[noise], shapes[noise] = run_noise_level(args, noise)
-    text = _tables(args, results, shapes) + f"\n\nTotal wall time: {total.seconds:.1f} s"
+        cells, figures = run(args)
+    results = {noise: {key: cells[noise, key] for key in args.rows if (noise, key) in cells} for noise in args.noise}
+    text = _tables(args, results) + f"\n\nTotal wall time: {total.seconds:.1f} s"
     _common.report(text, args.out, "binary_denoising_table.txt")
     (Path(args.out) / "binary_denoising_results.json").write_text(
         json.dumps({f"{n:g}": r for n, r in results.items()}, indent=1) + "\n"

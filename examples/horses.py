@@ -108,31 +108,16 @@ def _arguments(parser):
     parser.add_argument("--test-tol", type=float, default=1e-5, help="TRW threshold at test time for pseudolikelihood and piecewise (default 1e-5)")
     parser.add_argument("--figure-image", type=int, default=0, help="index of the test image in the figure (default 0)")
     parser.add_argument("--batch", type=int, default=16, help="images per batch when computing error rates (bounds memory; default 16)")
-    parser.add_argument(
-        "--segment", type=int, default=50,
-        help="L-BFGS iterations between checkpoints; L-BFGS restarts at each (default 50)",
-    )
-    parser.add_argument(
-        "--checkpoints", default=None,
-        help="folder of the resumable fits (default OUT/horses_checkpoints/<settings>); rerunning resumes",
-    )
     parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_features)")
-    parser.add_argument(
-        "--report-only", action="store_true",
-        help="fit nothing: the table and figure of the cells finished so far (e.g. while a long run goes on)",
-    )
-    parser.add_argument("--verbose", type=int, default=0, help="MarginalCRF verbose level (1: one line per L-BFGS iteration)")
+    _common.resumable_arguments(parser, "horses")
 
 
 def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
-    if args.segment < 1:
-        raise SystemExit("--segment must be at least 1")
     settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}"
-    if args.checkpoints is None:
-        args.checkpoints = str(Path(args.out) / "horses_checkpoints" / settings)
+    _common.checkpoint_folder(args, "horses", settings)
     if args.cache is None:
         args.cache = str(Path(args.out) / "horses_features")
     return args
@@ -242,14 +227,12 @@ def run(args, X_train, y_train, X_test, y_test):
         cell = _cell_name(key, n_iter)
         note = ""
         checkpoint = f"independent-{REG[key]:.0e}" if key == "independent" else cell
-        if args.report_only:
-            saved = store.load(checkpoint)
-            if saved is None or not saved["done"]:
-                continue
+        if args.report_only and not store.finished(checkpoint):
+            continue
         if key == "independent":
             model, state = independent_fit(REG[key]), store.load(checkpoint)
-        elif args.report_only:  # a finished fit: its start is not needed
-            model, state = store.fit(cell, _model(args, key, n_iter), X_train, y_train, None, args.max_iter, args.segment)
+        elif args.report_only:  # a finished fit: only loaded
+            model, state = store.fit(cell, _model(args, key, n_iter), None, None, None, args.max_iter, args.segment)
         else:
             if params.get("loss") == "smooth_classification":
                 surrogate = "surrogate-trw" if params["inference"] == "trw" else "surrogate-mnf"
@@ -262,16 +245,11 @@ def run(args, X_train, y_train, X_test, y_test):
             start = {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
             model, state = store.fit(cell, _model(args, key, n_iter), X_train, y_train, start, args.max_iter, args.segment)
         models[(key, n_iter)] = model
-        record_path = Path(args.checkpoints) / f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}.json"
-        if record_path.exists():
-            record = json.loads(record_path.read_text())
-        else:
-            with _common.Timer() as evaluation:
-                train_error = _common.error_rate(model, X_train, y_train, args.batch)
-                test_error = _common.error_rate(model, X_test, y_test, args.batch)
-            record = _common.fit_record(model, name, train_error, test_error, state["seconds"], n_iter=n_iter,
-                                        segments=state["segments"], evaluation_seconds=evaluation.seconds)
-            record_path.write_text(json.dumps(record, indent=1) + "\n")
+        record = store.record(f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}", lambda: _common.fit_record(
+            model, name, _common.error_rate(model, X_train, y_train, args.batch),
+            _common.error_rate(model, X_test, y_test, args.batch), state["seconds"], n_iter=n_iter,
+            segments=state["segments"],
+        ))
         results[(key, n_iter)] = record
         where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
         print(
@@ -305,9 +283,7 @@ def _tables(args, results, pixels):
         f"({pixels['train'] / 1e6:.2f} M / {pixels['test'] / 1e6:.2f} M pixels); at most {args.max_iter} "
         f"L-BFGS iterations per fit, restarted every {args.segment}.\nPaper: 200 / 128 images at full resolution."
     )
-    n_cells = len(_cells(args))
-    if len(results) < n_cells:
-        title += f"\nPARTIAL RUN: {len(results)} of {n_cells} cells finished; blank cells are not run yet."
+    title += _common.partial_run_note(len(results), len(_cells(args)))
     paper = PAPER if list(args.iters) == list(ITERATIONS) else None
     table = _common.format_table(title, header, rows, paper=paper)
     note = ""

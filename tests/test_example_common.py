@@ -83,3 +83,43 @@ def test_cached_features_are_the_float32_features_memory_mapped(tmp_path):
         np.testing.assert_array_equal(sample.edges, direct.edges)
         assert sample.grid_shape == direct.grid_shape and sample.image_shape == direct.image_shape
         np.testing.assert_array_equal(back.node_features, sample.node_features)
+
+
+def test_records_are_evaluated_once_and_read_back(tmp_path):
+    store = _common.Checkpoints(tmp_path)
+    calls = []
+
+    def evaluate():
+        calls.append(1)
+        return {"test": 0.25}
+
+    first = store.record("cell.errors", evaluate)
+    again = store.record("cell.errors", evaluate)
+    assert calls == [1] and again == first and first["test"] == 0.25 and first["evaluation_seconds"] >= 0
+    assert not store.finished("cell")  # records are not fits
+
+
+def test_finished_only_after_the_last_segment(tmp_path, monkeypatch):
+    X, y = make_structured_data(n_samples=2)
+    store = _common.Checkpoints(tmp_path)
+    fit = MarginalCRF.fit
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, X, y: (_ for _ in ()).throw(KeyboardInterrupt)
+                        if store.load("cell") is not None else fit(self, X, y))
+    with _common.ignore_convergence_warnings(), pytest.raises(KeyboardInterrupt):
+        _fresh(tmp_path, X, y, segment=2)
+    assert store.load("cell") is not None and not store.finished("cell")
+    monkeypatch.setattr(MarginalCRF, "fit", fit)
+    with _common.ignore_convergence_warnings():
+        _fresh(tmp_path, X, y, segment=2)
+    assert store.finished("cell")
+
+
+def test_partial_run_note_and_checkpoint_folder(tmp_path):
+    assert _common.partial_run_note(3, 3) == ""
+    assert _common.partial_run_note(1, 3) == "\nPARTIAL RUN: 1 of 3 cells finished; blank cells are not run yet."
+    args = _common.parse_args("", ["--out", str(tmp_path)], lambda p: _common.resumable_arguments(p, "demo"))
+    assert args.segment == 50 and not args.report_only
+    assert _common.checkpoint_folder(args, "demo", "a1-b2").checkpoints == str(tmp_path / "demo_checkpoints" / "a1-b2")
+    args.segment = 0
+    with pytest.raises(SystemExit, match="--segment"):
+        _common.checkpoint_folder(args, "demo", "x")
