@@ -46,6 +46,7 @@ from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted, check_random_state
 
 from ._graph import _as_float_array, _as_labels, validate_edges
+from ._linear import feature_scores, weight_gradient
 from .edge_appearance import RHO_RULES
 from .gradients import GRADIENT_MODES, INFERENCE_FREE_LOSSES, INFERENCE_METHODS, LOSSES, check_combination, loss_and_grad
 from .inference import infer
@@ -226,9 +227,9 @@ def _chunk_images(chunk):
 def _theta(node_features, edge_features, unary_coef, pairwise_coef):
     """theta_i = F u_i (n, K) and theta_ij = G v_ij (E, K, K)."""
     n_states = unary_coef.shape[0]
-    unary = node_features @ unary_coef.T
-    pairwise = (edge_features @ pairwise_coef.reshape(n_states * n_states, -1).T).reshape(-1, n_states, n_states)
-    return np.ascontiguousarray(unary), np.ascontiguousarray(pairwise)
+    unary = feature_scores(node_features, unary_coef)
+    pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
+    return unary, pairwise.reshape(-1, n_states, n_states)
 
 
 def _empty_model(n_states):
@@ -310,11 +311,11 @@ def _image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pa
     start = time.perf_counter()
     value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
     kernel = time.perf_counter() - start
-    grad_f = grad_unary.T @ node_features
+    grad_f = weight_gradient(grad_unary, node_features)
     if independent:
         grad_g = np.zeros_like(pairwise_coef)
     else:
-        grad_g = (grad_pairwise.reshape(-1, n_states * n_states).T @ edge_features).reshape(pairwise_coef.shape)
+        grad_g = weight_gradient(grad_pairwise.reshape(-1, n_states * n_states), edge_features).reshape(pairwise_coef.shape)
     return float(value), grad_f, grad_g, kernel
 
 
@@ -987,22 +988,13 @@ class _LogisticData:
         self.features = np.concatenate(features)
         self.targets = np.concatenate(targets)
 
-    #: rows per block: float32 features are promoted to float64 a block at a
-    #: time instead of as one copy of the whole stack
-    block = 1 << 16
-
     def loss_grad(self, w, shape_f, n_labelled, reg):
         F = w.reshape(shape_f)
-        value = 0.0
-        grad = np.zeros(shape_f)
-        for start in range(0, self.targets.shape[0], self.block):
-            features = self.features[start:start + self.block].astype(np.float64, copy=False)
-            targets = self.targets[start:start + self.block]
-            theta = features @ F.T
-            log_z = logsumexp(theta, axis=1)
-            rows = np.arange(theta.shape[0])
-            value += float(np.sum(log_z - theta[rows, targets]))
-            p = np.exp(theta - log_z[:, None])
-            p[rows, targets] -= 1.0
-            grad += p.T @ features
-        return value / n_labelled + reg * float(w @ w), grad.ravel() / n_labelled + 2.0 * reg * w
+        theta = feature_scores(self.features, F)
+        log_z = logsumexp(theta, axis=1)
+        rows = np.arange(theta.shape[0])
+        value = float(np.sum(log_z - theta[rows, self.targets]))
+        p = np.exp(theta - log_z[:, None])
+        p[rows, self.targets] -= 1.0
+        grad = weight_gradient(p, self.features).ravel()
+        return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w

@@ -677,16 +677,3 @@ def test_float32_features_are_kept_and_fit_like_float64(inference):
     for p, q in zip(b.predict_proba(X32), a.predict_proba(X64)):
         assert p.dtype == np.float64
         np.testing.assert_allclose(p, q, atol=1e-10)
-
-
-def test_independent_fast_path_blocks_give_the_unblocked_sums(monkeypatch):
-    X, y = make_structured_data(n_samples=3, n_states=3)
-    samples, _, _ = _check_X(_as_float32(X))
-    labels, n_states = _check_y(y, samples)
-    data = _LogisticData(samples, labels)
-    w = np.random.default_rng(2).normal(size=n_states * 4)
-    whole = data.loss_grad(w, (n_states, 4), 50, 0.1)
-    monkeypatch.setattr(_LogisticData, "block", 7)  # 60 rows: 8 full blocks and a partial one
-    blocked = data.loss_grad(w, (n_states, 4), 50, 0.1)
-    assert blocked[0] == pytest.approx(whole[0], rel=1e-12)
-    np.testing.assert_allclose(blocked[1], whole[1], rtol=1e-12, atol=1e-14)
