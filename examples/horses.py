@@ -299,7 +299,7 @@ def _tables(args, results, pixels):
 
 def _figure(args, image, labels, marginals):
     plt = _common.pyplot()
-    panels = {"input": image, "truth": labels, **marginals}
+    panels = {"input": (image, None), "truth": (labels, None), **marginals}
     aspect = image.shape[0] / image.shape[1]
     fig, axes = plt.subplots(3, 3, figsize=(7.5, 0.6 + 3 * 2.5 * aspect), squeeze=False)
     for ax, slot in zip(axes.ravel(), FIGURE):
@@ -312,11 +312,13 @@ def _figure(args, image, labels, marginals):
         if key not in panels:
             ax.set_title(f"{title}\n(not run)", fontsize=8)
             continue
+        panel, n_iter = panels[key]
         if key == "input":
             ax.imshow(image)
         else:
-            ax.imshow(panels[key], cmap="gray", vmin=0.0, vmax=1.0)
-        ax.set_title(title, fontsize=8)
+            ax.imshow(panel, cmap="gray", vmin=0.0, vmax=1.0)
+        fewer = n_iter is not None and n_iter != args.iters[-1]
+        ax.set_title(f"{title}\n({n_iter} iterations)" if fewer else title, fontsize=8)
     fig.suptitle(f"Predicted marginals p(horse), truncated learning with {args.iters[-1]} iterations", fontsize=9)
     return _common.save_figure(fig, args.out, "horses_marginals.png")
 
@@ -338,10 +340,11 @@ def main(argv=None):
         )
         results, models = run(args, X_train, y_train, X_test, y_test)
         k = min(max(args.figure_image, 0), len(X_test) - 1)
+        # each row's panel from its fit with the most iterations run so far
+        # (the paper's figure: 40; fewer in a partial run, and said so)
         marginals = {}
-        for (key, n_iter), model in models.items():
-            if n_iter in (None, args.iters[-1]):
-                marginals[key] = model.predict_proba([X_test[k]])[0][..., 1]
+        for (key, n_iter), model in sorted(models.items(), key=lambda item: item[0][1] or 0):
+            marginals[key] = (model.predict_proba([X_test[k]])[0][..., 1], n_iter)
     text = _tables(args, results, pixels)
     text += f"\n\nFeatures: {features.seconds:.1f} s. Total wall time: {total.seconds:.1f} s"
     _common.report(text, args.out, "horses_table.txt")
