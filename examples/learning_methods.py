@@ -72,7 +72,7 @@ def _arguments(parser):
     parser.add_argument("--tols", type=float_list, default=None, help="perturbation / back-propagation thresholds (default 1e-2,1e-3,1e-4,1e-5)")
     parser.add_argument("--methods", default=",".join(FAMILIES), help="comma-separated among truncated,perturbation,backprop")
     parser.add_argument("--max-iter", type=int, default=None, help="L-BFGS iterations per method (default 1000; --quick: 12)")
-    parser.add_argument("--init-max-iter", type=int, default=None, help="L-BFGS iterations of the independent model that starts every method (default 1000; --quick: 200)")
+    parser.add_argument("--init-max-iter", type=int, default=None, help="L-BFGS iterations of the independent model that starts every method (default 1000; --quick: 50)")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds of fitting per method on the time axis, checked after each test-error fit (default 3600; --quick: none)")
     parser.add_argument("--ratio", type=float, default=3.0, help="ratio of the geometric sequence of L-BFGS iterations where the test error is measured (default 3)")
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
@@ -80,7 +80,7 @@ def _arguments(parser):
 
 
 QUICK = dict(n_train=8, n_test=8, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=12,
-             init_max_iter=200, time_budget=None)
+             init_max_iter=50, time_budget=None)
 FULL = dict(n_train=100, n_test=100, trunc_iters=list(TRUNCATED_ITERS), tols=list(THRESHOLDS), max_iter=1000,
             init_max_iter=1000, time_budget=3600.0)
 
