@@ -212,38 +212,41 @@ def run(args, X_train, y_train, X_test, y_test):
     store = _common.Checkpoints(args.checkpoints)
     n_node_features, n_edge_features = X_train[0].node_features.shape[1], X_train[0].edge_features.shape[1]
     zeros = {"unary_coef": np.zeros((2, n_node_features)), "pairwise_coef": np.zeros((2, 2, n_edge_features))}
-    independent = {}
+    fits = {}
 
-    def independent_fit(reg):
-        if reg not in independent:
-            model = _model(args, "independent", None).set_params(reg=reg)
-            independent[reg], _ = store.fit(f"independent-{reg:.0e}", model, X_train, y_train, zeros,
-                                            args.max_iter, args.segment)
-        return independent[reg]
+    def fitted(checkpoint, model, start):
+        """(model, progress) of a checkpoint: fitted from ``start()`` once, or only loaded when finished."""
+        if checkpoint not in fits:
+            weights = None if store.finished(checkpoint) else start()
+            fits[checkpoint] = store.fit(checkpoint, model, X_train, y_train, weights, args.max_iter, args.segment)
+        return fits[checkpoint]
+
+    def independent(reg):
+        model = _model(args, "independent", None).set_params(reg=reg)
+        return fitted(f"independent-{reg:.0e}", model, lambda: zeros)
+
+    def start(key, n_iter):
+        if ROWS[key][1].get("loss") == "smooth_classification":
+            surrogate = "surrogate-trw" if ROWS[key][1]["inference"] == "trw" else "surrogate-mnf"
+            if (surrogate, n_iter) not in models:
+                raise SystemExit(f"row {key} starts from the {surrogate} fit: add {surrogate} to --rows")
+            source = models[(surrogate, n_iter)]
+        else:
+            source, _ = independent(REG[key])
+        return {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
 
     results, models = {}, {}
     for key, n_iter in _cells(args):
         name, params = ROWS[key]
         cell = _cell_name(key, n_iter)
-        note = ""
         checkpoint = f"independent-{REG[key]:.0e}" if key == "independent" else cell
         if args.report_only and not store.finished(checkpoint):
             continue
         if key == "independent":
-            model, state = independent_fit(REG[key]), store.load(checkpoint)
-        elif args.report_only:  # a finished fit: only loaded
-            model, state = store.fit(cell, _model(args, key, n_iter), None, None, None, args.max_iter, args.segment)
+            model, state = independent(REG[key])
         else:
-            if params.get("loss") == "smooth_classification":
-                surrogate = "surrogate-trw" if params["inference"] == "trw" else "surrogate-mnf"
-                if (surrogate, n_iter) not in models:
-                    raise SystemExit(f"row {key} starts from the {surrogate} fit: add {surrogate} to --rows")
-                source = models[(surrogate, n_iter)]
-                note = " (from the surrogate likelihood fit)"
-            else:
-                source = independent_fit(REG[key])
-            start = {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
-            model, state = store.fit(cell, _model(args, key, n_iter), X_train, y_train, start, args.max_iter, args.segment)
+            model, state = fitted(cell, _model(args, key, n_iter), lambda: start(key, n_iter))
+        note = " (from the surrogate likelihood fit)" if params.get("loss") == "smooth_classification" else ""
         models[(key, n_iter)] = model
         record = store.record(f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}", lambda: _common.fit_record(
             model, name, _common.error_rate(model, X_train, y_train, args.batch),

@@ -89,8 +89,8 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
     With ``n_node_features`` / ``n_edge_features`` given (predict), the feature
     dimensions must match them; otherwise they must agree across samples.
     Inputs are never modified (float64 or float32 contiguous inputs are not
-    even copied: float32 features stay float32, and are promoted to float64
-    one image at a time where the weights multiply them).
+    even copied: float32 features stay float32; the products with the weights
+    read them as they are and compute in float64, :mod:`._linear`).
     """
     if isinstance(X, np.ndarray) and X.dtype != object:
         raise TypeError(

@@ -447,8 +447,20 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
         return tags
 
 
+#: The parameters every image transformer ends with, in numpydoc form.
+_COMMON_PARAMETERS_DOC = """    n_jobs : int, default=None
+        Images processed in parallel (joblib); None means 1 unless a
+        ``joblib.parallel_config`` context says otherwise.
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+        Type of the feature arrays. float32 halves their memory for large
+        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
+        and computes in float64.
+"""
+
+
 class DenoisingFeatures(_GridFeatures):
-    """Binary denoising features (paper Sec. "Binary Denoising Data").
+    __doc__ = (
+        """Binary denoising features (paper Sec. "Binary Denoising Data").
 
     Unary features ``u(y, i) = [1, y_i]`` (a constant and the noisy value);
     edge features ``v(y, i, j) = [1, 0]`` for a horizontal and ``[0, 1]`` for a
@@ -459,14 +471,9 @@ class DenoisingFeatures(_GridFeatures):
     scale : float in (0, 1], default=1.0
         Fraction of the image resolution for the CRF grid; the noisy values
         are area-averaged to it (see the module docstring).
-    n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1 unless a
-        ``joblib.parallel_config`` context says otherwise.
-    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
-        Type of the feature arrays. float32 halves their memory for large
-        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
-        and computes in float64.
-
+"""
+        + _COMMON_PARAMETERS_DOC
+        + """
     Examples
     --------
     >>> import numpy as np
@@ -474,7 +481,8 @@ class DenoisingFeatures(_GridFeatures):
     >>> [sample] = DenoisingFeatures().transform([np.zeros((2, 3))])
     >>> sample.node_features.shape, sample.edge_features.shape
     ((6, 2), (7, 2))
-    """
+"""
+    )
 
     _colour = False
 
@@ -571,14 +579,8 @@ class HorseFeatures(_ColourFeatures):
         (0.05, 0.10, ..., 0.50), for images in [0, 1].
     sobel_thresholds : sequence of float, default=SOBEL_THRESHOLDS
         (0.02, 0.04, ..., 0.20), on the gradient magnitude per pixel.
-    n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1 unless a
-        ``joblib.parallel_config`` context says otherwise.
-    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
-        Type of the feature arrays. float32 halves their memory for large
-        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
-        and computes in float64.
 """
+        + _COMMON_PARAMETERS_DOC
     )
 
     _parameter_constraints = {
@@ -641,14 +643,8 @@ class BackgroundFeatures(_ColourFeatures):
     rgb_thresholds : sequence of float, default=RGB_THRESHOLDS
         (0.05, 0.10, ..., 0.50), for images in [0, 1], applied on the reduced
         image.
-    n_jobs : int, default=None
-        Images processed in parallel (joblib); None means 1 unless a
-        ``joblib.parallel_config`` context says otherwise.
-    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
-        Type of the feature arrays. float32 halves their memory for large
-        data sets; :class:`~sklearn_margcrf.MarginalCRF` keeps them in float32
-        and computes in float64.
 """
+        + _COMMON_PARAMETERS_DOC
     )
 
     def __init__(

@@ -51,13 +51,13 @@ def _check_lists(y_true, y_other, name):
         raise ValueError("no samples to score")
 
 
-def _flat_labels(labels, size, k, name):
+def _flat_labels(labels, size, k, name, n_states=None):
     labels = np.asarray(labels)
     if labels.size != size:
         raise ValueError(
             f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but {name}[{k}] has {size} entries"
         )
-    return _as_labels(labels, f"y_true[{k}]").reshape(-1)
+    return _as_labels(labels, f"y_true[{k}]", n_states).reshape(-1)
 
 
 def _labelled(y_true, marginals):
@@ -74,9 +74,7 @@ def _labelled(y_true, marginals):
         elif mu.shape[-1] != n_states:
             raise ValueError(f"marginals[{k}] has {mu.shape[-1]} states but marginals[0] has {n_states}")
         mu = mu.reshape(-1, n_states)
-        flat = _flat_labels(labels, mu.shape[0], k, "marginals")
-        if flat.size and flat.max() >= n_states:
-            raise ValueError(f"y_true[{k}] has label {flat.max()} but the marginals have only {n_states} states")
+        flat = _flat_labels(labels, mu.shape[0], k, "marginals", n_states)  # n_states: the marginals' K
         observed = flat >= 0
         labels_out.append(flat[observed])
         marg_out.append(mu[observed])
