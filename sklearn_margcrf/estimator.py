@@ -197,21 +197,40 @@ def _balanced_chunks(costs, n_chunks):
     return [sorted(g) for g in groups if g]
 
 
-def _pack(samples, labels, indices):
-    """Concatenate the images ``indices`` into one dict of arrays."""
+def _pack(samples, labels, indices, allocate=None):
+    """Concatenate the images ``indices`` into one dict of arrays.
+
+    ``allocate(key, shape, dtype)`` returns the array each field is written
+    into (default: a new in-memory array), so that a batch can be written
+    straight into shared memory without an intermediate copy.
+    """
+    if allocate is None:
+        allocate = _allocate_in_memory
     node_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
     edge_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
     node_ptr[1:] = np.cumsum([samples[i].n_nodes for i in indices])
     edge_ptr[1:] = np.cumsum([samples[i].n_edges for i in indices])
+
+    def stacked(key, parts, dtype=None):
+        if dtype is None:  # empty parts (edgeless images) do not promote float32
+            dtype = np.result_type(*([p for p in parts if p.size] or parts))
+        out = allocate(key, (sum(p.shape[0] for p in parts),) + parts[0].shape[1:], dtype)
+        np.concatenate(parts, out=out)
+        return out
+
     return {
         "index": np.asarray(indices, dtype=np.int64),
         "node_ptr": node_ptr,
         "edge_ptr": edge_ptr,
-        "node_features": np.concatenate([samples[i].node_features for i in indices]),
-        "edges": np.concatenate([samples[i].edges for i in indices]).reshape(-1, 2),
-        "edge_features": np.concatenate([samples[i].edge_features for i in indices]),
-        "labels": np.concatenate([labels[i] for i in indices]) if labels is not None else None,
+        "node_features": stacked("node_features", [samples[i].node_features for i in indices]),
+        "edges": stacked("edges", [samples[i].edges.reshape(-1, 2) for i in indices], np.int64),
+        "edge_features": stacked("edge_features", [samples[i].edge_features for i in indices]),
+        "labels": stacked("labels", [labels[i] for i in indices], np.int64) if labels is not None else None,
     }
+
+
+def _allocate_in_memory(key, shape, dtype):
+    return np.empty(shape, dtype=dtype)
 
 
 def _chunk_images(chunk):
@@ -340,6 +359,9 @@ def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
     return out, not_converged
 
 
+_FOLDER_PREFIX = "margcrf_"
+
+
 def _shared_memory_dir():
     folder = "/dev/shm"
     if os.path.isdir(folder) and os.access(folder, os.W_OK):
@@ -347,60 +369,110 @@ def _shared_memory_dir():
     return None
 
 
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _remove_orphaned_folders(parent):
+    """Remove the batch folders of processes that no longer exist.
+
+    A fit killed without cleanup (SIGKILL, out of memory, a closed session)
+    leaves its batches in shared memory, where they hold RAM until reboot;
+    the next fit on the machine could then run out of memory itself. Folders
+    are named ``margcrf_<pid>_...`` so that orphans can be recognised.
+    """
+    parent = parent if parent is not None else tempfile.gettempdir()
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        fields = name.split("_")
+        if not name.startswith(_FOLDER_PREFIX) or len(fields) < 3 or not fields[1].isdigit():
+            continue
+        if not _process_alive(int(fields[1])):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+
+
 class _ParallelMap:
     """Apply a function to fixed batches of images many times (once per
     L-BFGS iteration), sending the batches once.
 
+    ``groups`` lists the image indices of each batch (see
+    :func:`_balanced_chunks`); the batches are packed on entering:
+
     * one batch: run in-process, no joblib machinery;
-    * process backends (loky, multiprocessing): the batch arrays are written
-      once to memory-mapped files; joblib then passes them to the workers by
-      reference (file name and offset) instead of pickling them;
+    * process backends (loky, multiprocessing): each batch is written straight
+      into memory-mapped files (in /dev/shm when available, no in-memory copy
+      first); joblib then passes them to the workers by reference (file name
+      and offset) instead of pickling them;
     * Dask backend: the batches are scattered to the cluster once and the
       tasks refer to them by future;
     * the ``Parallel`` instance stays open across calls, so loky reuses its
       workers.
 
-    Use as a context manager; it removes its temporary files on exit.
+    Use as a context manager; it removes its files on exit (and, on entry,
+    those left behind by killed processes).
     """
 
-    def __init__(self, chunks, n_jobs, verbose=0):
-        self.chunks = chunks
-        self.indices = [chunk["index"].tolist() for chunk in chunks]
+    def __init__(self, samples, labels, groups, n_jobs, verbose=0):
+        self.samples, self.labels = samples, labels
+        self.indices = [list(group) for group in groups]
         self.n_images = sum(len(index) for index in self.indices)
         self.n_jobs = n_jobs
         self.verbose = verbose
+        self.chunks = None
         self._folder = None
         self._parallel = None
         self._futures = None
 
     def __enter__(self):
-        if len(self.chunks) == 1:
-            return self
+        try:
+            self.chunks = self._pack_batches()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        finally:
+            self.samples = self.labels = None
+        return self
+
+    def _pack_batches(self):
+        if len(self.indices) == 1:
+            return [_pack(self.samples, self.labels, self.indices[0])]
         backend, _ = get_active_backend()
         backend_name = type(backend).__name__
         self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
         self._parallel.__enter__()
-        try:
-            if backend_name in ("LokyBackend", "MultiprocessingBackend"):
-                self._folder = tempfile.mkdtemp(prefix="margcrf_", dir=_shared_memory_dir())
-                self.chunks = [self._memmap(chunk, c) for c, chunk in enumerate(self.chunks)]
-            elif backend_name == "DaskDistributedBackend":
-                self._futures = backend.client.scatter(list(self.chunks), hash=False)
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
+        if backend_name in ("LokyBackend", "MultiprocessingBackend"):
+            parent = _shared_memory_dir()
+            _remove_orphaned_folders(parent)
+            self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
+            return [self._pack_to_files(group, c) for c, group in enumerate(self.indices)]
+        chunks = [_pack(self.samples, self.labels, group) for group in self.indices]
+        if backend_name == "DaskDistributedBackend":
+            self._futures = backend.client.scatter(chunks, hash=False)
+        return chunks
 
-    def _memmap(self, chunk, c):
-        out = {}
-        for key, array in chunk.items():
-            if array is None or array.nbytes < 4096:
-                out[key] = array
-                continue
+    def _pack_to_files(self, group, c):
+        def allocate(key, shape, dtype):
+            if int(np.prod(shape)) * np.dtype(dtype).itemsize < 4096:
+                return np.empty(shape, dtype=dtype)
             path = os.path.join(self._folder, f"chunk{c}_{key}.npy")
-            np.save(path, array)
-            out[key] = np.load(path, mmap_mode="r")
-        return out
+            return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+        chunk = _pack(self.samples, self.labels, group, allocate)
+        for key, array in chunk.items():
+            if isinstance(array, np.memmap):
+                array.flush()
+                # read-only from here on: the workers share the pages
+                chunk[key] = np.load(array.filename, mmap_mode="r")
+        return chunk
 
     def __call__(self, func, *args):
         if self._parallel is None:
@@ -415,6 +487,7 @@ class _ParallelMap:
     def __exit__(self, *exc):
         if self._parallel is not None:
             self._parallel.__exit__(*exc)
+            self._parallel = None
         if self._futures is not None:
             for future in self._futures:
                 future.release()
@@ -422,6 +495,7 @@ class _ParallelMap:
         self.chunks = None
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
         return False
 
 
@@ -798,9 +872,7 @@ class MarginalCRF(BaseEstimator):
             else:
                 costs = [s.n_nodes + s.n_edges for s in stage_samples]
                 groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
-                # no local reference to the packed batches: once memory-mapped
-                # for process workers, the in-memory copies can be freed
-                with _ParallelMap([_pack(stage_samples, stage_labels, g) for g in groups], self.n_jobs, self.verbose) as pmap:
+                with _ParallelMap(stage_samples, stage_labels, groups, self.n_jobs, self.verbose) as pmap:
                     if surrogate_start:
                         self._log("init: fitting surrogate likelihood")
                         config = self._config("surrogate_likelihood", self.inference, n_states)
@@ -926,10 +998,9 @@ class MarginalCRF(BaseEstimator):
         samples, _, _ = _check_X(X, self.n_node_features_, self.n_edge_features_)
         costs = [s.n_nodes + s.n_edges for s in samples]
         groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
-        chunks = [_pack(samples, None, g) for g in groups]
         marginals = [None] * len(samples)
         not_converged = 0
-        with _ParallelMap(chunks, self.n_jobs, self.verbose) as pmap:
+        with _ParallelMap(samples, None, groups, self.n_jobs, self.verbose) as pmap:
             results = pmap(_chunk_marginals, self.unary_coef_, self.pairwise_coef_, self._predict_config())
             for group, (batch, count) in zip(pmap.indices, results):
                 not_converged += count

@@ -103,8 +103,11 @@ class _Problem:
             keep_stack = self.mode == "truncated"
         if n_iter == "default":
             n_iter = self.n_iter
+        # the losses read marginals only; log_partition_and_grad evaluates the
+        # entropy itself, with its gradient
         return run_inference(
-            self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack
+            self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
+            log_partition=False,
         )
 
     def entropy(self, result, gradient=False):

@@ -677,3 +677,55 @@ def test_float32_features_are_kept_and_fit_like_float64(inference):
     for p, q in zip(b.predict_proba(X32), a.predict_proba(X64)):
         assert p.dtype == np.float64
         np.testing.assert_allclose(p, q, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# Batches in shared memory
+# ---------------------------------------------------------------------------
+
+
+def test_batches_are_written_to_read_only_files_equal_to_in_memory_packing(tmp_path, monkeypatch):
+    X, y = make_structured_data(n_samples=5, n_states=3, shape=(20, 20))  # batches above the 4 kB file threshold
+    X32 = _as_float32(X)
+    X32[2] = CRFSample(X32[2].node_features, np.zeros((0, 2), np.int64), np.zeros((0, 2)), grid_shape=None)
+    samples, _, _ = _check_X(X32)
+    labels, _ = _check_y([np.ravel(lab) for lab in y], samples)
+    groups = [[0, 2, 4], [1, 3]]
+    monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
+    with joblib.parallel_backend("loky"):
+        with estimator_module._ParallelMap(samples, labels, groups, n_jobs=2) as pmap:
+            (folder,) = list(tmp_path.iterdir())
+            assert folder.name.startswith(f"margcrf_{__import__('os').getpid()}_")
+            for chunk, group in zip(pmap.chunks, groups):
+                expected = _pack(samples, labels, group)
+                assert chunk.keys() == expected.keys()
+                for key, array in chunk.items():
+                    np.testing.assert_array_equal(array, expected[key])
+                    assert array.dtype == expected[key].dtype
+                # large fields are read-only memory maps of files in the folder
+                assert isinstance(chunk["node_features"], np.memmap) and not chunk["node_features"].flags.writeable
+                # float32 stays float32, also beside an edgeless image's float64 placeholder
+                assert chunk["node_features"].dtype == chunk["edge_features"].dtype == np.float32
+            assert len(list(folder.iterdir())) > 0
+    assert list(tmp_path.iterdir()) == []  # removed on exit
+
+
+def test_batch_folders_of_dead_processes_are_removed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # its pid is now free (reuse within this test is vanishingly unlikely)
+    orphan = tmp_path / f"margcrf_{child.pid}_abc"
+    alive = tmp_path / f"margcrf_{os.getpid()}_def"
+    unrelated = [tmp_path / "margcrf_notapid", tmp_path / f"other_{child.pid}_x"]
+    for folder in [orphan, alive, *unrelated]:
+        folder.mkdir()
+        (folder / "chunk0_node_features.npy").write_bytes(b"x")
+    monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
+    X, y = make_structured_data(n_samples=2)
+    with joblib.parallel_backend("loky"):
+        MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2).fit(X, y)
+    remaining = sorted(p.name for p in tmp_path.iterdir())
+    assert remaining == sorted(p.name for p in [alive, *unrelated])
