@@ -385,9 +385,11 @@ def _remove_orphaned_folders(parent):
     A fit killed without cleanup (SIGKILL, out of memory, a closed session)
     leaves its batches in shared memory, where they hold RAM until reboot;
     the next fit on the machine could then run out of memory itself. Folders
-    are named ``margcrf_<pid>_...`` so that orphans can be recognised.
+    are named ``margcrf_<pid>_...`` so that orphans can be recognised. Only
+    called for /dev/shm, which is local to the machine (a temporary folder
+    on disk may be shared by several machines, whose process ids mean
+    nothing here; a leak there costs disk, not memory).
     """
-    parent = parent if parent is not None else tempfile.gettempdir()
     try:
         names = os.listdir(parent)
     except OSError:
@@ -451,7 +453,8 @@ class _ParallelMap:
         self._parallel.__enter__()
         if backend_name in ("LokyBackend", "MultiprocessingBackend"):
             parent = _shared_memory_dir()
-            _remove_orphaned_folders(parent)
+            if parent is not None:
+                _remove_orphaned_folders(parent)
             self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
             return [self._pack_to_files(group, c) for c, group in enumerate(self.indices)]
         chunks = [_pack(self.samples, self.labels, group) for group in self.indices]

@@ -726,6 +726,6 @@ def test_batch_folders_of_dead_processes_are_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
     X, y = make_structured_data(n_samples=2)
     with joblib.parallel_backend("loky"):
-        MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2).fit(X, y)
+        fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2), X, y)
     remaining = sorted(p.name for p in tmp_path.iterdir())
     assert remaining == sorted(p.name for p in [alive, *unrelated])
