@@ -183,3 +183,19 @@ def test_bad_input(kwargs, match):
     edges, unary, pairwise = args.pop("edges"), args.pop("unary"), args.pop("pairwise")
     with pytest.raises(ValueError, match=match):
         infer(edges, unary, pairwise, **args)
+
+
+@pytest.mark.parametrize("method", ["trw", "lbp", "mean_field"])
+def test_inference_without_log_partition_gives_the_same_marginals(method):
+    # the gradients skip the entropy; everything else must be unchanged
+    from sklearn_margcrf.inference import resolve_rho, run_inference
+
+    edges = grid_edges(3, 4)
+    unary, pairwise = random_model(edges, 12, 3, np.random.default_rng(5))
+    rho = resolve_rho(None, method, 12, edges)
+    _, full = run_inference(edges, unary, pairwise, method, rho, 7, 1e-6, 1000)
+    _, bare = run_inference(edges, unary, pairwise, method, rho, 7, 1e-6, 1000, log_partition=False)
+    assert bare.log_partition is None and np.isfinite(full.log_partition)
+    np.testing.assert_array_equal(bare.unary, full.unary)
+    np.testing.assert_array_equal(bare.pairwise, full.pairwise)
+    assert full.log_partition == infer(edges, unary, pairwise, method=method, n_iter=7).log_partition
