@@ -464,8 +464,8 @@ class _ParallelMap:
 
     def _pack_to_files(self, group, c):
         def allocate(key, shape, dtype):
-            if int(np.prod(shape)) * np.dtype(dtype).itemsize < 4096:
-                return np.empty(shape, dtype=dtype)
+            if int(np.prod(shape)) * np.dtype(dtype).itemsize < 4096:  # not worth a file
+                return _allocate_in_memory(key, shape, dtype)
             path = os.path.join(self._folder, f"chunk{c}_{key}.npy")
             return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
 

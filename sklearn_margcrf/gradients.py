@@ -37,10 +37,9 @@ import warnings
 import numpy as np
 
 from ._graph import _as_labels, check_positive, validate_model
-from .entropy import mean_field_entropy, trw_entropy
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import METHODS as INFERENCE_METHODS
-from .inference import check_iteration_controls, check_method, resolve_rho, run_inference
+from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
 
 __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
@@ -109,14 +108,6 @@ class _Problem:
             self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
             log_partition=False,
         )
-
-    def entropy(self, result, gradient=False):
-        if self.kernel == "mean_field":
-            if not gradient:
-                return mean_field_entropy(result.unary)
-            value, grad_unary = mean_field_entropy(result.unary, gradient=True)
-            return value, (grad_unary, np.zeros_like(result.pairwise))
-        return trw_entropy(self.edges, result.unary, result.pairwise, self.rho, gradient=gradient)
 
     def backward(self, state, result, grad_unary_marginals, grad_pairwise_marginals):
         """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
@@ -205,7 +196,9 @@ class _Problem:
         if self.kernel == "exact":
             # A = log Z exactly, and dA/dtheta = mu.
             return result.log_partition, result.unary.copy(), result.pairwise.copy()
-        entropy, (dh_unary, dh_pairwise) = self.entropy(result, gradient=True)
+        entropy, (dh_unary, dh_pairwise) = method_entropy(
+            self.inference, self.edges, result.unary, result.pairwise, self.rho, gradient=True
+        )
         value = float(np.sum(self.unary * result.unary) + np.sum(self.pairwise * result.pairwise) + entropy)
         back_unary, back_pairwise = self.backward(state, result, self.unary + dh_unary, self.pairwise + dh_pairwise)
         return value, result.unary + back_unary, result.pairwise + back_pairwise
