@@ -350,7 +350,7 @@ class Checkpoints:
     """Fits of a long run, each saved to ``folder/<name>.npz`` (weights and
     progress) as it goes, so that a run killed at any point resumes where it
     stopped: finished cells are loaded, an unfinished one continues from its
-    last segment."""
+    last checkpoint."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
@@ -363,7 +363,10 @@ class Checkpoints:
         with np.load(path, allow_pickle=False) as data:
             state = {key: data[key] for key in data.files}
         state["loss_curve"] = list(state["loss_curve"])
-        for key in ("lbfgs_iterations", "restarts", "segments"):
+        # "fits": MarginalCRF.fit calls, each a fresh L-BFGS; checkpoints written
+        # before 2026-11-26 made one fit per segment
+        state.setdefault("fits", state["segments"])
+        for key in ("lbfgs_iterations", "restarts", "segments", "fits"):
             state[key] = int(state[key])
         state["seconds"] = float(state["seconds"])
         state["done"] = bool(state["done"])
@@ -395,36 +398,56 @@ class Checkpoints:
 
     def fit(self, name, model, X, y, start, max_iter, segment, log=print):
         """Fit ``model`` from ``start`` weights ({"unary_coef", "pairwise_coef"})
-        for at most ``max_iter`` L-BFGS iterations, in warm-started segments of
-        ``segment`` iterations, saving after each; return the model, restored
-        to the final weights, and the progress record.
+        for at most ``max_iter`` L-BFGS iterations, saving the weights every
+        ``segment`` iterations; return the model, restored to the final
+        weights, and the progress record.
 
-        Each segment starts L-BFGS afresh (its curvature memory is dropped, as
-        in the paper's re-initialisation after a bad search direction). The
-        fit ends at ``max_iter`` iterations or when a segment stops before its
-        limit (converged, or stopped with no restart left). A finished fit is
-        only loaded: ``X``, ``y`` and ``start`` are not used and may be None.
+        The fit is one ``MarginalCRF.fit`` (warm-started from ``start``) whose
+        ``callback`` writes the checkpoints, so the batches are packed once
+        and L-BFGS keeps its curvature memory. A fit killed in between resumes
+        from its last checkpoint with a fresh L-BFGS, as after the paper's
+        re-initialisation. A finished fit is only loaded: ``X``, ``y`` and
+        ``start`` are not used and may be None.
         """
+        if model.get_params().get("incremental") is not None:
+            raise ValueError("Checkpoints.fit counts the iterations of one stage: incremental must be None")
         state = self.load(name)
         if state is None:
             state = dict(
                 unary_coef=np.asarray(start["unary_coef"], dtype=np.float64),
                 pairwise_coef=np.asarray(start["pairwise_coef"], dtype=np.float64),
-                lbfgs_iterations=0, restarts=0, segments=0, seconds=0.0, loss_curve=[], done=max_iter == 0,
+                lbfgs_iterations=0, restarts=0, segments=0, fits=0, seconds=0.0, loss_curve=[], done=max_iter == 0,
             )
         elif not state["done"]:
             log(f"    resuming {name} after {state['lbfgs_iterations']} L-BFGS iterations ({state['seconds']:.0f} s)")
-        while not state["done"]:
-            limit = min(segment, max_iter - state["lbfgs_iterations"])
-            part = restore(model.set_params(max_iter=limit, warm_start=True), state)
-            seconds = timed_fit(part, X, y)
-            state.update(
-                unary_coef=part.unary_coef_, pairwise_coef=part.pairwise_coef_,
-                lbfgs_iterations=state["lbfgs_iterations"] + part.n_iter_,
-                restarts=state["restarts"] + part.n_restarts_, segments=state["segments"] + 1,
-                seconds=state["seconds"] + seconds, loss_curve=state["loss_curve"] + list(part.loss_curve_),
-            )
-            state["done"] = part.n_iter_ < limit or state["lbfgs_iterations"] >= max_iter
+        if not state["done"]:
+            before = dict(state)
+            curve = []
+
+            def progress_state(unary_coef, pairwise_coef, n_iter, n_restarts, seconds, done):
+                return dict(
+                    before, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
+                    lbfgs_iterations=before["lbfgs_iterations"] + n_iter, restarts=before["restarts"] + n_restarts,
+                    segments=before["segments"] + -(-n_iter // segment), fits=before["fits"] + 1,
+                    seconds=before["seconds"] + seconds,
+                    loss_curve=before["loss_curve"] + curve[:n_iter], done=done,
+                )
+
+            def checkpoint(progress):
+                curve.append(progress.objective)
+                if progress.n_iter % segment == 0:
+                    self.save(name, progress_state(
+                        progress.unary_coef, progress.pairwise_coef, progress.n_iter, progress.n_restarts,
+                        progress.elapsed, False,
+                    ))
+
+            remaining = max_iter - state["lbfgs_iterations"]
+            part = restore(model.set_params(max_iter=remaining, warm_start=True, callback=checkpoint), state)
+            try:
+                seconds = timed_fit(part, X, y)
+            finally:
+                model.set_params(callback=None)
+            state = progress_state(part.unary_coef_, part.pairwise_coef_, part.n_iter_, part.n_restarts_, seconds, True)
             self.save(name, state)
         model = restore(model.set_params(max_iter=max_iter, warm_start=False), state)
         model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]

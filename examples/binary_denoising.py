@@ -35,9 +35,9 @@ Long runs are resumable: every fit is saved every ``--segment`` L-BFGS
 iterations (``--checkpoints``), and the error rates of each finished cell
 beside it. Run the same command again after an interruption and it goes on
 where it stopped; ``--report-only`` prints the table of the cells finished so
-far without fitting. L-BFGS starts afresh at each segment (as the paper
-re-initialises it after a bad search direction), so ``--segment`` is part of
-the protocol; the default is 50. ``--verbose 1`` logs every L-BFGS iteration.
+far without fitting. A resumed fit starts L-BFGS afresh from its last
+checkpoint (as the paper re-initialises it after a bad search direction);
+``--segment`` defaults to 50. ``--verbose 1`` logs every L-BFGS iteration.
 
 Caveat: ``gradient_mode="backprop"`` runs the reverse sweeps at the messages
 where inference stopped; at the paper's threshold 1e-4 these are not close
@@ -273,6 +273,7 @@ def run(args):
         record = store.record(f"{cell}.errors-test{args.n_test}", lambda: _common.fit_record(
             model, name, _common.error_rate(model, *load(noise)["train"][:2]),
             _common.error_rate(model, *load(noise)["test"][:2]), progress["seconds"], segments=progress["segments"],
+            fits=progress["fits"],
         ))
         results[(noise, key)] = record
         figure = panels(noise)
@@ -310,7 +311,7 @@ def _tables(args, results):
         "Binary denoising error rates (Domke 2013, Table 'Binary denoising error rates')\n"
         f"{mode}; {args.n_train} training / {args.n_test} test images of {shape[0]}x{shape[1]} "
         f"(portrait transposed); {reg}; at most {args.max_iter} L-BFGS iterations per fit, "
-        f"restarted every {args.segment}.\n"
+        f"checkpointed every {args.segment}.\n"
         "Columns: noise level n, train (tr) / test (te) error rate.\n"
         "Paper: TRW, back-propagation, threshold 1e-4, 32 / 100 images of 200x300."
     )
@@ -365,7 +366,7 @@ def main(argv=None):
     args = _common.start_run("Binary denoising", __doc__, argv, _arguments, _settings)
     print(
         f"  {args.n_train} train / {args.n_test} test images, scale {args.scale:g}, rows {args.rows}, "
-        f"gradient_mode={args.gradient_mode}, at most {args.max_iter} L-BFGS iterations in segments of "
+        f"gradient_mode={args.gradient_mode}, at most {args.max_iter} L-BFGS iterations, checkpointed every "
         f"{args.segment}; checkpoints in {args.checkpoints}",
         flush=True,
     )

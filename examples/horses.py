@@ -24,10 +24,10 @@ Run::
 
 Long runs are resumable: the features are computed once, in float32, and
 kept on disk (``--cache``, memory-mapped), and every fit is saved every
-``--segment`` L-BFGS iterations (``--checkpoints``). Run the same command
-again after an interruption and it goes on where it stopped. L-BFGS starts
-afresh at each segment (as the paper re-initialises it after a bad search
-direction), so ``--segment`` is part of the protocol; the default is 50.
+``--segment`` L-BFGS iterations (``--checkpoints``, default 50). Run the
+same command again after an interruption and it goes on where it stopped; a
+resumed fit starts L-BFGS afresh from its last checkpoint (as the paper
+re-initialises it after a bad search direction).
 
 ``--scale S`` downscales every image (and its labels) by S before the
 features are computed: the CRF then has S**2 as many pixels, and errors are
@@ -251,7 +251,7 @@ def run(args, X_train, y_train, X_test, y_test):
         record = store.record(f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}", lambda: _common.fit_record(
             model, name, _common.error_rate(model, X_train, y_train, args.batch),
             _common.error_rate(model, X_test, y_test, args.batch), state["seconds"], n_iter=n_iter,
-            segments=state["segments"],
+            segments=state["segments"], fits=state["fits"],
         ))
         results[(key, n_iter)] = record
         where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
@@ -284,7 +284,7 @@ def _tables(args, results, pixels):
         f"(TRW to {args.test_tol:g} at test) and independent in the last column.\n"
         f"{args.n_train} training / {args.n_test} test images at scale {args.scale:g} "
         f"({pixels['train'] / 1e6:.2f} M / {pixels['test'] / 1e6:.2f} M pixels); at most {args.max_iter} "
-        f"L-BFGS iterations per fit, restarted every {args.segment}.\nPaper: 200 / 128 images at full resolution."
+        f"L-BFGS iterations per fit, checkpointed every {args.segment}.\nPaper: 200 / 128 images at full resolution."
     )
     title += _common.partial_run_note(len(results), len(_cells(args)))
     paper = PAPER if list(args.iters) == list(ITERATIONS) else None

@@ -40,7 +40,7 @@ from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, _fit_context
 from threadpoolctl import threadpool_limits
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils import ClassifierTags
+from sklearn.utils import Bunch, ClassifierTags
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted, check_random_state
@@ -507,6 +507,16 @@ class _ParallelMap:
 # ---------------------------------------------------------------------------
 
 
+class _StopFit(Exception):
+    """Raised out of L-BFGS when the user's ``callback`` asks to stop, with
+    the weights of that iteration."""
+
+    def __init__(self, weights):
+        super().__init__("stopped by the callback")
+        self.weights = weights
+
+
+
 class MarginalCRF(BaseEstimator):
     """Conditional random field learned with a marginal-based loss under
     approximate inference (Domke, "Learning Graphical Model Parameters with
@@ -593,6 +603,19 @@ class MarginalCRF(BaseEstimator):
         repeatedly double the number of images and halve the number of
         iterations, each stage starting from the previous weights, until all
         images are used. None fits all images at once.
+    callback : callable or None, default=None
+        Called after every L-BFGS iteration of ``fit`` (the initialising fits
+        included) as ``callback(progress)``, where ``progress`` is a
+        :class:`~sklearn.utils.Bunch` with ``stage`` (``"independent"``,
+        ``"surrogate_likelihood"`` for the initialising fits, ``"fit"`` or
+        ``"fit[k images]"``), ``n_iter`` (iterations of this stage so far),
+        ``objective``, ``unary_coef`` and ``pairwise_coef`` (copies of the
+        current weights), ``n_restarts`` and ``elapsed`` (seconds since the
+        start of ``fit``). If it returns a true value, the fit stops after that
+        iteration and the model keeps its weights (remaining stages are
+        skipped, no ConvergenceWarning): use it to save checkpoints of a long
+        fit, stop on a time budget, or record a learning curve. Exceptions it
+        raises propagate out of ``fit``.
 
     Attributes
     ----------
@@ -652,6 +675,7 @@ class MarginalCRF(BaseEstimator):
         "lbfgs_tol": [Interval(Real, 0, None, closed="left")],
         "max_restarts": [Interval(Integral, 0, None, closed="left")],
         "incremental": [None, Interval(Integral, 1, None, closed="left")],
+        "callback": [None, callable],
     }
 
     def __init__(
@@ -678,6 +702,7 @@ class MarginalCRF(BaseEstimator):
         lbfgs_tol=1e-6,
         max_restarts=5,
         incremental=None,
+        callback=None,
     ):
         self.loss = loss
         self.inference = inference
@@ -700,6 +725,7 @@ class MarginalCRF(BaseEstimator):
         self.lbfgs_tol = lbfgs_tol
         self.max_restarts = max_restarts
         self.incremental = incremental
+        self.callback = callback
 
     # -- scikit-learn plumbing ------------------------------------------------
 
@@ -831,7 +857,7 @@ class MarginalCRF(BaseEstimator):
                 UserWarning,
             )
 
-        stats = {"start": start, "kernel_time": 0.0, "warnings": {}}
+        stats = {"start": start, "kernel_time": 0.0, "warnings": {}, "stopped": False}
         if warm:
             unary_coef = self.unary_coef_.copy()
             pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
@@ -839,14 +865,18 @@ class MarginalCRF(BaseEstimator):
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
         fast_path = self.inference == "independent" and self.loss == "univariate_logistic"
+
+        def unary_only(w):
+            return w.reshape(shape_f).copy(), np.zeros(shape_g)
+
         if not warm and self.init == "independent" and not fast_path:
             self._log("init: fitting the independent model (univariate logistic)")
             data = _LogisticData(samples, labels)
-            unary_coef, _ = self._minimize(
+            w, _ = self._minimize(
                 lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg),
-                unary_coef.ravel(), "independent", stats, int(self.max_iter),
+                unary_coef.ravel(), unary_only, "independent", stats, int(self.max_iter),
             )
-            unary_coef = unary_coef.reshape(shape_f)
+            unary_coef, _ = unary_only(w)
             del data  # its stacked copy of the node features is no longer needed
         surrogate_start = (
             not warm
@@ -858,6 +888,8 @@ class MarginalCRF(BaseEstimator):
         info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
         for stage, (indices, stage_max_iter) in enumerate(stages):
+            if stats["stopped"]:  # by the callback
+                break
             last = stage == len(stages) - 1
             stage_samples = [samples[k] for k in indices]
             stage_labels = [labels[k] for k in indices]
@@ -869,9 +901,9 @@ class MarginalCRF(BaseEstimator):
                 data = _LogisticData(stage_samples, stage_labels)
                 w, stage_info = self._minimize(
                     lambda w: data.loss_grad(w, shape_f, stage_labelled, self.reg),
-                    unary_coef.ravel(), name, stats, stage_max_iter, last,
+                    unary_coef.ravel(), unary_only, name, stats, stage_max_iter, last,
                 )
-                unary_coef = w.reshape(shape_f)
+                unary_coef, _ = unary_only(w)
             else:
                 costs = [s.n_nodes + s.n_edges for s in stage_samples]
                 groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
@@ -884,6 +916,8 @@ class MarginalCRF(BaseEstimator):
                             "surrogate_likelihood", stats, stage_max_iter,
                         )
                         surrogate_start = False
+                        if stats["stopped"]:
+                            break
                     config = self._config(self.loss, self.inference, n_states)
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
                         pmap, config, unary_coef, pairwise_coef, stage_labelled, name, stats, stage_max_iter, last
@@ -937,17 +971,23 @@ class MarginalCRF(BaseEstimator):
             grad = grad / n_labelled + 2.0 * reg * w
             return value, grad
 
-        w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
-        w, info = self._minimize(objective, w0, stage, stats, max_iter, warn)
-        F = w[:size_f].reshape(shape_f).copy()
-        G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
-        return (F, G), info
+        def weights(w):
+            F = w[:size_f].reshape(shape_f).copy()
+            G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
+            return F, G
 
-    def _minimize(self, objective, w0, stage, stats, max_iter, warn=True):
-        """L-BFGS-B with restarts after an abnormal line search."""
+        w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
+        w, info = self._minimize(objective, w0, weights, stage, stats, max_iter, warn)
+        return weights(w), info
+
+    def _minimize(self, objective, w0, weights, stage, stats, max_iter, warn=True):
+        """L-BFGS-B with restarts after an abnormal line search; ``weights(w)``
+        gives the (F, G) of a weight vector for the user's ``callback``, which
+        may stop the fit (``stats["stopped"]``)."""
         last = {"x": None, "f": np.nan, "g": None}
         curve = []
         times = []
+        n_restarts = 0
 
         def fun(w):
             f, g = objective(w)
@@ -961,19 +1001,31 @@ class MarginalCRF(BaseEstimator):
             if self.verbose > 0:
                 g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
-                elapsed = time.perf_counter() - stats["start"]
-                self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {elapsed:.2f}s")
+                self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {times[-1]:.2f}s")
+            if self.callback is not None:
+                unary_coef, pairwise_coef = weights(intermediate_result.x)
+                progress = Bunch(
+                    stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
+                    n_restarts=n_restarts, elapsed=times[-1],
+                )
+                if self.callback(progress):
+                    raise _StopFit(np.array(intermediate_result.x))
 
         w = np.asarray(w0, dtype=np.float64).copy()
         n_iter = 0
-        n_restarts = 0
         result = None
         while n_iter < max_iter:
             f_start = last["f"] if last["x"] is not None and np.array_equal(last["x"], w) else None
-            result = scipy.optimize.minimize(
-                fun, w, jac=True, method="L-BFGS-B", callback=callback,
-                options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
-            )
+            try:
+                result = scipy.optimize.minimize(
+                    fun, w, jac=True, method="L-BFGS-B", callback=callback,
+                    options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
+                )
+            except _StopFit as stop:
+                self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
+                stats["stopped"] = True
+                w, n_iter, result = stop.weights, len(curve), None
+                break
             n_iter += int(result.nit)
             improved = f_start is None or (np.isfinite(result.fun) and result.fun < f_start)
             if np.all(np.isfinite(result.x)):

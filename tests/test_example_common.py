@@ -1,4 +1,4 @@
-"""examples/_common.py: cached features and resumable, segmented fits."""
+"""examples/_common.py: cached features and resumable, checkpointed fits."""
 
 import numpy as np
 import pytest
@@ -16,44 +16,53 @@ def _fresh(store_dir, X, y, segment, max_iter=7):
     return store.fit("cell", model, X, y, {"unary_coef": F0, "pairwise_coef": G0}, max_iter, segment)
 
 
-def test_segments_are_warm_started_fits_of_at_most_segment_iterations(tmp_path):
+def _saves(store, monkeypatch, interrupt_at=None):
+    """Record the iterations of every checkpoint ``store`` writes; raise
+    KeyboardInterrupt right after the one at ``interrupt_at`` iterations."""
+    saved = []
+    save = store.save
+
+    def spy(name, state):
+        save(name, state)
+        saved.append(int(state["lbfgs_iterations"]))
+        if saved[-1] == interrupt_at:
+            raise KeyboardInterrupt  # killed right after this checkpoint
+
+    monkeypatch.setattr(_common.Checkpoints, "save", lambda self, name, state: spy(name, state))
+    return saved
+
+
+def test_a_fit_is_one_estimator_fit_saved_every_segment_iterations(tmp_path, monkeypatch):
     X, y = make_structured_data(n_samples=3)
+    saved = _saves(_common.Checkpoints(tmp_path), monkeypatch)
     with _common.ignore_convergence_warnings():
         model, state = _fresh(tmp_path, X, y, segment=3)
-        # the same thing by hand: 3 + 3 + 1 iterations, each from the last weights
-        manual = MarginalCRF(n_iter=3, init="zeros", max_iter=3).fit(X, y)
-        manual.set_params(warm_start=True).fit(X, y)
-        manual.set_params(max_iter=1).fit(X, y)
+        plain = MarginalCRF(n_iter=3, init="zeros", max_iter=7).fit(X, y)
+    assert saved == [3, 6, 7]  # every 3 iterations, and at the end
     assert state["done"] and state["segments"] == 3 and model.n_iter_ == state["lbfgs_iterations"] == 7
-    assert len(model.loss_curve_) == 7
-    np.testing.assert_allclose(model.unary_coef_, manual.unary_coef_, rtol=1e-12)
-    np.testing.assert_allclose(model.pairwise_coef_, manual.pairwise_coef_, rtol=1e-12)
+    assert model.loss_curve_ == plain.loss_curve_
+    np.testing.assert_array_equal(model.unary_coef_, plain.unary_coef_)
+    np.testing.assert_array_equal(model.pairwise_coef_, plain.pairwise_coef_)
+    assert model.callback is None
 
 
-def test_an_interrupted_fit_resumes_to_the_same_weights(tmp_path, monkeypatch):
+def test_an_interrupted_fit_resumes_from_its_last_checkpoint(tmp_path, monkeypatch):
     X, y = make_structured_data(n_samples=3)
     with _common.ignore_convergence_warnings():
         reference, _ = _fresh(tmp_path / "a", X, y, segment=2)
-        fit = MarginalCRF.fit
-        calls = []
-
-        def interrupted(self, X, y):
-            calls.append(1)
-            if len(calls) == 3:
-                raise KeyboardInterrupt  # killed in the third segment
-            return fit(self, X, y)
-
-        monkeypatch.setattr(MarginalCRF, "fit", interrupted)
+        _saves(_common.Checkpoints(tmp_path / "b"), monkeypatch, interrupt_at=4)
         with pytest.raises(KeyboardInterrupt):
             _fresh(tmp_path / "b", X, y, segment=2)
         saved = _common.Checkpoints(tmp_path / "b").load("cell")
-        assert not saved["done"] and saved["lbfgs_iterations"] == 4
-        monkeypatch.setattr(MarginalCRF, "fit", fit)
+        assert not saved["done"] and saved["lbfgs_iterations"] == 4 and saved["segments"] == 2
+        assert saved["loss_curve"] == reference.loss_curve_[:4]  # the same fit up to the kill
         resumed, state = _fresh(tmp_path / "b", X, y, segment=2)
-    assert state["done"] and state["lbfgs_iterations"] == 7
-    np.testing.assert_array_equal(resumed.unary_coef_, reference.unary_coef_)
-    np.testing.assert_array_equal(resumed.pairwise_coef_, reference.pairwise_coef_)
-    np.testing.assert_array_equal(resumed.loss_curve_, reference.loss_curve_)
+        # by hand: a fresh L-BFGS from the checkpoint, for the 3 remaining iterations
+        by_hand = _common.restore(MarginalCRF(n_iter=3, init="zeros", max_iter=3, warm_start=True), saved).fit(X, y)
+    assert state["done"] and state["lbfgs_iterations"] == 7 and state["segments"] == 4
+    np.testing.assert_array_equal(resumed.unary_coef_, by_hand.unary_coef_)
+    np.testing.assert_array_equal(resumed.pairwise_coef_, by_hand.pairwise_coef_)
+    assert resumed.loss_curve_ == saved["loss_curve"] + by_hand.loss_curve_
 
 
 def test_a_finished_fit_is_loaded_not_refitted(tmp_path, monkeypatch):
@@ -99,19 +108,22 @@ def test_records_are_evaluated_once_and_read_back(tmp_path):
     assert not store.finished("cell")  # records are not fits
 
 
-def test_finished_only_after_the_last_segment(tmp_path, monkeypatch):
+def test_finished_only_after_the_last_checkpoint(tmp_path, monkeypatch):
     X, y = make_structured_data(n_samples=2)
     store = _common.Checkpoints(tmp_path)
-    fit = MarginalCRF.fit
-    monkeypatch.setattr(MarginalCRF, "fit", lambda self, X, y: (_ for _ in ()).throw(KeyboardInterrupt)
-                        if store.load("cell") is not None else fit(self, X, y))
+    _saves(store, monkeypatch, interrupt_at=2)
     with _common.ignore_convergence_warnings(), pytest.raises(KeyboardInterrupt):
         _fresh(tmp_path, X, y, segment=2)
     assert store.load("cell") is not None and not store.finished("cell")
-    monkeypatch.setattr(MarginalCRF, "fit", fit)
     with _common.ignore_convergence_warnings():
         _fresh(tmp_path, X, y, segment=2)
     assert store.finished("cell")
+
+
+def test_an_incremental_schedule_is_refused(tmp_path):
+    X, y = make_structured_data(n_samples=2)
+    with pytest.raises(ValueError, match="incremental"):
+        _common.Checkpoints(tmp_path).fit("cell", MarginalCRF(incremental=1), X, y, None, 4, 2)
 
 
 def test_partial_run_note_and_checkpoint_folder(tmp_path):
