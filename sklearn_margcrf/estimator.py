@@ -516,7 +516,6 @@ class _StopFit(Exception):
         self.weights = weights
 
 
-
 class MarginalCRF(BaseEstimator):
     """Conditional random field learned with a marginal-based loss under
     approximate inference (Domke, "Learning Graphical Model Parameters with
