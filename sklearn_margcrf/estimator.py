@@ -25,6 +25,7 @@ A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
   result does not depend on ``n_jobs`` or on the backend.
 """
 
+import functools
 import os
 import shutil
 import tempfile
@@ -507,6 +508,15 @@ class _ParallelMap:
 # ---------------------------------------------------------------------------
 
 
+def _unpack_weights(w, shape_f, shape_g):
+    """Copies (F, G) of a weight vector; ``G`` is zero when the vector holds
+    ``F`` only (the independent model)."""
+    size_f = int(np.prod(shape_f))
+    F = w[:size_f].reshape(shape_f).copy()
+    G = w[size_f:].reshape(shape_g).copy() if w.size > size_f else np.zeros(shape_g)
+    return F, G
+
+
 class _StopFit(Exception):
     """Raised out of L-BFGS when the user's ``callback`` asks to stop, with
     the weights of that iteration."""
@@ -864,18 +874,15 @@ class MarginalCRF(BaseEstimator):
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
         fast_path = self.inference == "independent" and self.loss == "univariate_logistic"
-
-        def unary_only(w):
-            return w.reshape(shape_f).copy(), np.zeros(shape_g)
-
+        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
         if not warm and self.init == "independent" and not fast_path:
             self._log("init: fitting the independent model (univariate logistic)")
             data = _LogisticData(samples, labels)
             w, _ = self._minimize(
                 lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg),
-                unary_coef.ravel(), unary_only, "independent", stats, int(self.max_iter),
+                unary_coef.ravel(), unpack, "independent", stats, int(self.max_iter),
             )
-            unary_coef, _ = unary_only(w)
+            unary_coef, _ = unpack(w)
             del data  # its stacked copy of the node features is no longer needed
         surrogate_start = (
             not warm
@@ -900,9 +907,9 @@ class MarginalCRF(BaseEstimator):
                 data = _LogisticData(stage_samples, stage_labels)
                 w, stage_info = self._minimize(
                     lambda w: data.loss_grad(w, shape_f, stage_labelled, self.reg),
-                    unary_coef.ravel(), unary_only, name, stats, stage_max_iter, last,
+                    unary_coef.ravel(), unpack, name, stats, stage_max_iter, last,
                 )
-                unary_coef, _ = unary_only(w)
+                unary_coef, _ = unpack(w)
             else:
                 costs = [s.n_nodes + s.n_edges for s in stage_samples]
                 groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
@@ -970,17 +977,13 @@ class MarginalCRF(BaseEstimator):
             grad = grad / n_labelled + 2.0 * reg * w
             return value, grad
 
-        def weights(w):
-            F = w[:size_f].reshape(shape_f).copy()
-            G = w[size_f:].reshape(shape_g).copy() if not independent else np.zeros(shape_g)
-            return F, G
-
+        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
         w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
-        w, info = self._minimize(objective, w0, weights, stage, stats, max_iter, warn)
-        return weights(w), info
+        w, info = self._minimize(objective, w0, unpack, stage, stats, max_iter, warn)
+        return unpack(w), info
 
-    def _minimize(self, objective, w0, weights, stage, stats, max_iter, warn=True):
-        """L-BFGS-B with restarts after an abnormal line search; ``weights(w)``
+    def _minimize(self, objective, w0, unpack, stage, stats, max_iter, warn=True):
+        """L-BFGS-B with restarts after an abnormal line search; ``unpack(w)``
         gives the (F, G) of a weight vector for the user's ``callback``, which
         may stop the fit (``stats["stopped"]``)."""
         last = {"x": None, "f": np.nan, "g": None}
@@ -1002,7 +1005,7 @@ class MarginalCRF(BaseEstimator):
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
                 self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {times[-1]:.2f}s")
             if self.callback is not None:
-                unary_coef, pairwise_coef = weights(intermediate_result.x)
+                unary_coef, pairwise_coef = unpack(intermediate_result.x)
                 progress = Bunch(
                     stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
                     n_restarts=n_restarts, elapsed=times[-1],
