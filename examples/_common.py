@@ -315,7 +315,7 @@ def resumable_arguments(parser, example):
     the options of a run made of :class:`Checkpoints` fits."""
     parser.add_argument(
         "--segment", type=int, default=50,
-        help="L-BFGS iterations between checkpoints; L-BFGS restarts at each (default 50)",
+        help="L-BFGS iterations between checkpoints (default 50); a resumed fit restarts L-BFGS from the last one",
     )
     parser.add_argument(
         "--checkpoints", default=None,

@@ -40,12 +40,12 @@ checkpoint (as the paper re-initialises it after a bad search direction);
 ``--segment`` defaults to 50. ``--verbose 1`` logs every L-BFGS iteration.
 
 Caveat: ``gradient_mode="backprop"`` runs the reverse sweeps at the messages
-where inference stopped; at the paper's threshold 1e-4 these are not close
+where inference stopped; at the paper's threshold 1e-4 these may not be close
 enough to a fixed point when the coupling is strong, and the sweeps can
-diverge (RuntimeWarning "did not converge in 10000 reverse sweeps", a huge
-gradient, L-BFGS stopping after a few iterations). ``--tol 1e-6`` avoids this
-at a few times the inference cost; ``--gradient-mode truncated`` avoids it
-altogether.
+diverge. The gradient of that image is then taken through exactly the
+iterations inference ran (the exact gradient of its reported loss), with a
+``BackpropFallbackWarning``; ``--tol 1e-6`` makes this rarer at a few times
+the inference cost.
 """
 
 import functools

@@ -9,7 +9,8 @@ A gradient mode combines an inference method with a loss ``Q(mu, theta)``:
     overwritten messages from a stack.
 ``"backprop"`` (remark after Algorithm "Back TRW")
     Inference runs to ``tol``; the reverse sweeps are repeated at the converged
-    messages, without a stack, until the adjoints converge. If they diverge
+    messages, without a stack, until the largest adjoint message is below the
+    same ``tol``. If they diverge
     (inference stopped at a loose threshold away from an attractive fixed
     point), the gradient is taken through exactly the iterations inference ran
     instead, with a :class:`~sklearn_margcrf.exceptions.BackpropFallbackWarning`.
@@ -139,8 +140,10 @@ class _Problem:
         """Stack-free reverse sweeps at the converged messages (Eaton and Ghahramani).
 
         They converge at the rate of the forward iteration, so a few times its
-        iteration count suffices near an attractive fixed point. When inference
-        stopped at a loose threshold they can instead diverge; then the
+        iteration count suffices near an attractive fixed point. They stop at
+        the inference threshold ``tol``: a tighter adjoint would not make the
+        gradient more accurate than the marginals it differentiates. When
+        inference stopped at a loose threshold they can instead diverge; then the
         gradient is computed by back-propagating through exactly the
         iterations inference ran (re-run with a stack), which is the exact
         gradient of the reported loss, and a BackpropFallbackWarning says so.
@@ -150,7 +153,7 @@ class _Problem:
         try:
             return backward(
                 state, grad_unary_marginals, grad_pairwise_marginals, mode="fixed_point",
-                tol=min(self.tol, 1e-8), max_iter=sweeps, on_divergence="raise",
+                tol=self.tol, max_iter=sweeps, on_divergence="raise",
             )
         except BackpropDivergenceError as exc:
             n_states = self.unary.shape[1]

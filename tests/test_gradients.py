@@ -179,6 +179,20 @@ def test_every_documented_loss_is_accepted():
         assert np.isfinite(value) and gu.shape == unary.shape and gp.shape == pairwise.shape
 
 
+@pytest.mark.parametrize("inference", ["trw", "lbp", "mean_field"])
+@pytest.mark.parametrize("tol", [1e-4, 1e-6])
+def test_backprop_gradient_is_as_accurate_as_its_threshold(inference, tol):
+    # Inference and the reverse sweeps both stop at tol: the gradient differs
+    # from the one at convergence by the order of tol, not more.
+    edges, unary, pairwise, labels = make_problem((6, 6), 5)
+    kwargs = dict(inference=inference, gradient_mode="backprop", max_iter=100000)
+    converged = loss_and_grad(edges, unary, pairwise, labels, tol=1e-12, **kwargs)
+    loose = loss_and_grad(edges, unary, pairwise, labels, tol=tol, **kwargs)
+    exact = np.concatenate([converged[1].ravel(), converged[2].ravel()])
+    approx = np.concatenate([loose[1].ravel(), loose[2].ravel()])
+    assert np.abs(approx - exact).max() <= 10 * tol * np.abs(exact).max()
+
+
 @pytest.mark.filterwarnings("ignore:trw_backward:RuntimeWarning")
 def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
     # A frustrated, strongly coupled grid on which loopy BP does not converge:
