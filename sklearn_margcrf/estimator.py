@@ -27,6 +27,7 @@ A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
 
 import functools
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -256,10 +257,19 @@ def _empty_model(n_states):
     return np.zeros((0, 2), dtype=np.int64), np.zeros((0, n_states, n_states))
 
 
+#: A number in a warning message: messages that differ only in their
+#: figures (an image's iteration count, residual, ...) are one warning.
+_FIGURE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
 class _RecordedWarnings:
-    """Record the warnings raised in a block (in a worker or in-process):
-    ``summary()`` is ``{(category, first line of the message): count}``, which
-    pickles back to the caller, where :func:`_report_warnings` issues each once."""
+    """Record the warnings raised in a block (in a worker or in-process).
+
+    ``summary()`` is ``{(category, template): (count, first message, varied)}``
+    with ``template`` the message's first line with its figures masked, and
+    ``varied`` whether the figures differed; it pickles back to the caller,
+    where :func:`_report_warnings` issues each template once.
+    """
 
     def __enter__(self):
         self._context = warnings.catch_warnings(record=True)
@@ -274,20 +284,24 @@ class _RecordedWarnings:
     def summary(self):
         counts = {}
         for record in self._records:
-            key = (record.category, str(record.message).split("\n")[0])
-            counts[key] = counts.get(key, 0) + 1
+            message = str(record.message).split("\n")[0]
+            _merge_warnings(counts, {(record.category, _FIGURE.sub("#", message)): (1, message, False)})
         return counts
 
 
 def _merge_warnings(total, counts):
-    for key, n in counts.items():
-        total[key] = total.get(key, 0) + n
+    for key, (n, message, varied) in counts.items():
+        if key in total:
+            n_total, first, varied_total = total[key]
+            total[key] = (n_total + n, first, varied_total or varied or message != first)
+        else:
+            total[key] = (n, message, varied)
 
 
 def _report_warnings(counts, where):
     """Issue each recorded warning once, with how often it occurred."""
-    for (category, message), n in counts.items():
-        times = f" ({n} times)" if n > 1 else ""
+    for (category, _), (n, message, varied) in counts.items():
+        times = f" ({n} times{', figures of the first' if varied else ''})" if n > 1 else ""
         warnings.warn(f"{where}: {message}{times}", category, stacklevel=3)
 
 

@@ -646,7 +646,41 @@ def test_worker_warnings_reach_the_caller_once(n_jobs):
     from_fit = [w for w in caught if "during fit, in per-image loss_and_grad calls" in str(w.message)]
     assert from_fit and any("did not converge" in str(w.message) for w in from_fit)
     assert len({str(w.message) for w in from_fit}) == len(from_fit)  # each reported once
+    # per-image messages that differ only in their figures are one warning
+    templates = [re.sub(r"\d", "", str(w.message).split(" (")[0]) for w in from_fit]
+    assert len(set(templates)) == len(templates)
     assert any(issubclass(w.category, ConvergenceWarning) and "marginals are not converged" in str(w.message) for w in caught)
+
+
+def test_worker_warnings_differing_in_figures_are_counted_as_one():
+    from sklearn_margcrf.estimator import _merge_warnings, _RecordedWarnings, _report_warnings
+
+    def record(messages):
+        with _RecordedWarnings() as recorded:
+            for category, message in messages:
+                warnings.warn(message, category)
+        return recorded.summary()
+
+    total = {}
+    _merge_warnings(total, record([(RuntimeWarning, "did not converge in 12 sweeps (residual 1.5e-03)"),
+                                   (RuntimeWarning, "did not converge in 40 sweeps (residual 2e+100)"),
+                                   (UserWarning, "did not converge in 12 sweeps (residual 1.5e-03)")]))
+    _merge_warnings(total, record([(RuntimeWarning, "did not converge in 12 sweeps (residual 1.5e-03)"),
+                                   (RuntimeWarning, "another problem")]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _report_warnings(total, "during fit")
+    reported = sorted((w.category.__name__, str(w.message)) for w in caught)
+    assert reported == [
+        ("RuntimeWarning", "during fit: another problem"),
+        ("RuntimeWarning", "during fit: did not converge in 12 sweeps (residual 1.5e-03) (3 times, figures of the first)"),
+        ("UserWarning", "during fit: did not converge in 12 sweeps (residual 1.5e-03)"),
+    ]
+    same = record([(RuntimeWarning, "stopped at 7"), (RuntimeWarning, "stopped at 7")])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _report_warnings(same, "during fit")
+    assert [str(w.message) for w in caught] == ["during fit: stopped at 7 (2 times)"]
 
 
 def _as_float32(X):
