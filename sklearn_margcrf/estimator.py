@@ -965,13 +965,12 @@ class MarginalCRF(BaseEstimator):
     def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_labelled, stage, stats, max_iter, warn=True):
         """Minimise the objective of ``config`` over (F, G) from the given start."""
         shape_f, shape_g = unary_coef.shape, pairwise_coef.shape
-        size_f = unary_coef.size
         independent = config["inference"] == "independent"
         reg = float(self.reg)
+        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
 
         def objective(w):
-            F = w[:size_f].reshape(shape_f)
-            G = w[size_f:].reshape(shape_g) if not independent else np.zeros(shape_g)
+            F, G = unpack(w)
             results = pmap(_chunk_loss_grad, F, G, config)
             per_image = [None] * pmap.n_images
             for (batch, seconds, recorded), index in zip(results, pmap.indices):
@@ -991,7 +990,6 @@ class MarginalCRF(BaseEstimator):
             grad = grad / n_labelled + 2.0 * reg * w
             return value, grad
 
-        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
         w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
         w, info = self._minimize(objective, w0, unpack, stage, stats, max_iter, warn)
         return unpack(w), info

@@ -10,9 +10,8 @@ A gradient mode combines an inference method with a loss ``Q(mu, theta)``:
 ``"backprop"`` (remark after Algorithm "Back TRW")
     Inference runs to ``tol``; the reverse sweeps are repeated at the converged
     messages, without a stack, until the largest adjoint message is below the
-    same ``tol``. If they diverge
-    (inference stopped at a loose threshold away from an attractive fixed
-    point), the gradient is taken through exactly the iterations inference ran
+    same ``tol``. If they diverge (inference stopped at a loose threshold away
+    from an attractive fixed point), the gradient is taken through exactly the iterations inference ran
     instead, with a :class:`~sklearn_margcrf.exceptions.BackpropFallbackWarning`.
 ``"perturbation"`` (Sec. "Perturbation")
     ``dL/dtheta = lim (mu(theta + r dQ/dmu) - mu(theta - r dQ/dmu)) / 2r``,
@@ -143,8 +142,8 @@ class _Problem:
         iteration count suffices near an attractive fixed point. They stop at
         the inference threshold ``tol``: a tighter adjoint would not make the
         gradient more accurate than the marginals it differentiates. When
-        inference stopped at a loose threshold they can instead diverge; then the
-        gradient is computed by back-propagating through exactly the
+        inference stopped at a loose threshold they can instead diverge; then
+        the gradient is computed by back-propagating through exactly the
         iterations inference ran (re-run with a stack), which is the exact
         gradient of the reported loss, and a BackpropFallbackWarning says so.
         """
