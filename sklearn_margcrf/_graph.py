@@ -32,6 +32,8 @@ def grid_edges(height, width):
     -------
     edges : ndarray of shape (H*(W-1) + (H-1)*W, 2), int64
     """
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (height, width)):
+        raise ValueError(f"grid shape must be two integers, got ({height!r}, {width!r})")
     height, width = int(height), int(width)
     if height < 1 or width < 1:
         raise ValueError(f"grid shape must be positive, got ({height}, {width})")
@@ -120,6 +122,11 @@ def _as_labels(labels, name, n_states=None):
 
 def validate_edges(edges, n_nodes):
     """Check an (E, 2) edge array against ``n_nodes``; return it as int64."""
+    if edges is None:
+        raise ValueError(
+            "edges are missing (None): give an (E, 2) array of node index pairs "
+            "(an empty (0, 2) array for a graph without edges)"
+        )
     edges = np.asarray(edges)
     if edges.size == 0:
         return np.zeros((0, 2), dtype=np.int64)

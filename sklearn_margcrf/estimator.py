@@ -571,10 +571,13 @@ class MarginalCRF(BaseEstimator):
         ``"exact"`` raise ValueError in ``fit``.
     n_iter : int, default=20
         Inference iterations of truncated fitting; prediction then also runs
-        exactly ``n_iter`` iterations (the model was fit for them).
+        exactly ``n_iter`` iterations (the model was fit for them). Not used
+        by the losses fit without inference (pseudolikelihood, piecewise),
+        whose models predict with inference run to ``tol``.
     tol : float, default=1e-4
         Convergence threshold of inference for the other gradient modes and
-        for prediction after them (the paper's threshold of 1e-4).
+        for prediction after them and after the losses fit without inference
+        (the paper's threshold of 1e-4).
     rho : float, {"auto", "uniform_spanning_tree", "forest_cover"} or None, default=None
         TRW edge appearance probabilities (None: the inference default). Used
         by ``inference="trw"`` only and ignored by the other methods, so that
@@ -1031,10 +1034,15 @@ class MarginalCRF(BaseEstimator):
         while n_iter < max_iter:
             f_start = last["f"] if last["x"] is not None and np.array_equal(last["x"], w) else None
             try:
-                result = scipy.optimize.minimize(
-                    fun, w, jac=True, method="L-BFGS-B", callback=callback,
-                    options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
-                )
+                # One BLAS thread: L-BFGS-B's small products gain nothing from
+                # threads, and with several their rounding (1e-14) depended on
+                # the process's history (e.g. an earlier threading-backend fit),
+                # so the weights would not be reproducible bit for bit.
+                with threadpool_limits(limits=1, user_api="blas"):
+                    result = scipy.optimize.minimize(
+                        fun, w, jac=True, method="L-BFGS-B", callback=callback,
+                        options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
+                    )
             except _StopFit as stop:
                 self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
                 stats["stopped"] = True

@@ -113,8 +113,17 @@ class _Problem:
         """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
         if self.mode == "truncated":
             return self._kernel_backward()(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
-        if self.mode == "backprop":
+        if self.mode == "backprop":  # the kernels' fixed-point mode warns about unconverged messages
             return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
+        if not result.converged:
+            warnings.warn(
+                f"gradient_mode={self.mode!r}: {self.inference} inference did not converge to tol={self.tol:g} "
+                f"in max_iter={self.max_iter} iterations, so its marginals are not a fixed point and the "
+                f"gradient, which assumes one, may be far off; raise max_iter, loosen tol, or use "
+                f"gradient_mode='truncated'",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
         # implicit

@@ -16,6 +16,7 @@ method's entropy (Sec. "Truncated Likelihood & Truncated EM").
 """
 
 import numbers
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,9 @@ def resolve_rho(rho, method, n_nodes, edges):
         if rho not in RHO_RULES:
             raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}")
         return edge_appearance_probabilities(n_nodes, edges, rho)
-    if isinstance(rho, numbers.Real) and not isinstance(rho, bool):
+    if isinstance(rho, (bool, np.bool_)):
+        raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}")
+    if isinstance(rho, numbers.Real):
         value = float(rho)
         if not np.isfinite(value) or value <= 0:
             raise ValueError(f"rho must be positive and finite, got {rho!r}")
@@ -139,9 +142,19 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
 
         state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, tol=tol, max_iter=max_iter, keep_stack=keep_stack)
     else:
-        from .trw import trw_forward
+        from .trw import _MSG_FLOOR, floored_message_entries, trw_forward
 
         state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, tol=tol, max_iter=max_iter, keep_stack=keep_stack)
+        n_floored = floored_message_entries(state)
+        if n_floored:
+            warnings.warn(
+                f"{method}: {n_floored} message entries are at the floor {_MSG_FLOOR:g}: some parameters "
+                f"differ by more than about 690 * rho, beyond what the messages can represent, so the "
+                f"marginals and the log-partition estimate may be inaccurate (even when converged is True); "
+                f"use smaller parameters (e.g. a larger reg), mean field or exact inference",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     mu, mu2 = state.unary_marginals, state.pairwise_marginals
     if log_partition:
         entropy = method_entropy(method, edges, mu, mu2, rho)
@@ -189,6 +202,15 @@ def infer(edges, unary, pairwise, *, method="trw", n_iter=None, tol=1e-6, max_it
     InferenceResult
         ``.unary`` (n, K), ``.pairwise`` (E, K, K), ``.log_partition``,
         ``.n_iter``, ``.converged`` (and ``.rho`` for TRW / LBP).
+
+    Warns
+    -----
+    RuntimeWarning
+        TRW and LBP, when message entries end at their floor ``1e-300``:
+        parameters that differ by more than about ``690 * rho`` need smaller
+        entries, and the marginals and log-partition estimate may then be
+        inaccurate even where ``converged`` is True. Mean field and exact
+        inference have no such limit.
     """
     method = check_method(method)
     edges, unary, pairwise = validate_model(edges, unary, pairwise)

@@ -10,9 +10,11 @@ and (H, W, K).
 
 Scorers are callables ``scorer(estimator, X, y)`` (greater is better), usable
 as ``scoring=`` in :class:`~sklearn.model_selection.GridSearchCV` (alone or in
-a dict for multi-metric search). On a :class:`~sklearn_margcrf.MarginalCRF`
-they score the nodes of each sample, like ``MarginalCRF.score``: labels given
-at image size are reduced to the grid.
+a dict for multi-metric search). On a :class:`~sklearn_margcrf.MarginalCRF`,
+or a :class:`~sklearn.pipeline.Pipeline` ending in one, they score the nodes
+of each sample, like ``score``: labels given at image size are reduced to the
+grid (with ``scale < 1`` features, the CRF's coarser grid). On other
+estimators they score what ``predict_proba`` returns.
 
 =============================  ==========================================
 scorer                          function
@@ -25,6 +27,7 @@ scorer                          function
 """
 
 import numpy as np
+from sklearn.pipeline import Pipeline
 
 from ._graph import _as_labels
 from .sample import labels_to_grid
@@ -134,16 +137,31 @@ def marginal_brier_score(y_true, marginals):
     return float(np.mean(np.sum(diff * diff, axis=1)))
 
 
+def _final_step(estimator):
+    """The estimator that makes the predictions: the last step of a
+    (possibly nested) Pipeline, else ``estimator`` itself."""
+    while isinstance(estimator, Pipeline):
+        estimator = estimator[-1]
+    return estimator
+
+
 def _node_level(estimator, X, y):
     """(labels, marginals) per sample, at the nodes when the estimator can
-    tell them (MarginalCRF), else as ``predict_proba`` returns them."""
-    if hasattr(estimator, "_node_marginals"):
-        samples, marginals = estimator._node_marginals(X)
-        if len(y) != len(samples):
-            raise ValueError(f"X has {len(samples)} samples but y has {len(y)} label arrays")
-        labels = [labels_to_grid(lab, s.sample) for s, lab in zip(samples, y)]
-        return labels, marginals
-    return list(y), estimator.predict_proba(X)
+    tell them (a MarginalCRF, or a Pipeline ending in one, whose earlier steps
+    transform X as ``Pipeline.score`` does), else as ``predict_proba``
+    returns them."""
+    final = _final_step(estimator)
+    if not hasattr(final, "_node_marginals"):
+        return list(y), estimator.predict_proba(X)
+    while isinstance(estimator, Pipeline):
+        if len(estimator) > 1:
+            X = estimator[:-1].transform(X)
+        estimator = estimator[-1]
+    samples, marginals = final._node_marginals(X)
+    if len(y) != len(samples):
+        raise ValueError(f"X has {len(samples)} samples but y has {len(y)} label arrays")
+    labels = [labels_to_grid(lab, s.sample) for s, lab in zip(samples, y)]
+    return labels, marginals
 
 
 class _StructuredScorer:

@@ -67,8 +67,10 @@ Numerical stability
 - Limitation: a message entry smaller than ``1e-300`` cannot be represented,
   so when parameter differences exceed roughly ``690 rho`` the floor can shift
   the marginals away from the exact TRW fixed point (they stay finite and
-  normalised). Gradients can overflow only when adjoints are huge *and*
-  messages within a few orders of magnitude of the floor.
+  normalised; :func:`floored_message_entries` counts the final entries at the
+  floor, and inference through :func:`sklearn_margcrf.infer` or the gradients
+  warns when there are any). Gradients can overflow only when adjoints are
+  huge *and* messages within a few orders of magnitude of the floor.
 
 Back TRW (paper, Algorithm "Back TRW" and Appendix C)
 ------------------------------------------------------
@@ -119,7 +121,7 @@ from ._backnorm import backnorm
 from ._graph import incidence
 from .exceptions import BackpropDivergenceError
 
-__all__ = ["TRWState", "trw_forward", "trw_backward"]
+__all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
 
 _MSG_FLOOR = 1e-300  # smallest message entry
 _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
@@ -832,6 +834,14 @@ class TRWState:
             f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, n_iter={self.n_iter}, "
             f"converged={self.converged}, stack={'yes' if self.stack is not None else 'no'})"
         )
+
+
+def floored_message_entries(state):
+    """How many entries of the final messages of ``state`` sit at the floor
+    ``1e-300``: where parameters differ by more than about ``690 rho``, a
+    message entry the floor replaced may have been needed, and the marginals
+    can then be off (see "Numerical stability" above)."""
+    return int(np.count_nonzero(state.slot_messages <= _MSG_FLOOR))
 
 
 def _writable(array, dtype):

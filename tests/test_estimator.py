@@ -1,6 +1,7 @@
 """Tests of MarginalCRF: scikit-learn citizenship, learning, parallelism, bad input."""
 
 import re
+import sys
 import warnings
 
 import joblib
@@ -439,6 +440,41 @@ def test_denoising_marginal_losses_not_worse_than_surrogate_likelihood(denoising
 
 
 # ---------------------------------------------------------------------------
+# Backends
+# ---------------------------------------------------------------------------
+
+_BACKEND_SEQUENCE_SCRIPT = """
+import contextlib, sys, warnings
+import joblib, numpy as np
+sys.path.insert(0, {tests!r})
+from estimator_checks import make_structured_data
+from sklearn_margcrf import MarginalCRF
+
+X, y = make_structured_data(n_samples=5)
+weights = []
+for backend, n_jobs in [("loky", 2), ("threading", 2), ("multiprocessing", 2), ("sequential", 2), (None, 1), ("loky", 2)]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with joblib.parallel_config(backend=backend) if backend else contextlib.nullcontext():
+            model = MarginalCRF(n_iter=3, max_iter=3, n_jobs=n_jobs).fit(X, y)
+    weights.append(np.concatenate([model.unary_coef_.ravel(), model.pairwise_coef_.ravel()]))
+print(max(float(np.abs(w - weights[0]).max()) for w in weights))
+"""
+
+
+def test_weights_are_bitwise_equal_across_backends_in_one_process():
+    # A fresh process, because the bug this guards against depended on the
+    # process's history: after a threading-backend fit, scipy's multithreaded
+    # BLAS made L-BFGS round differently (1e-14) in every later fit.
+    import os
+    import subprocess
+
+    script = _BACKEND_SEQUENCE_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    assert float(out.stdout.split()[-1]) == 0.0, out.stdout
+
+
+# ---------------------------------------------------------------------------
 # Dask
 # ---------------------------------------------------------------------------
 
@@ -453,10 +489,10 @@ def test_dask_fit_equals_local_fit():
             with joblib.parallel_config(backend="dask"):
                 remote = fit_quietly(MarginalCRF(**params), X, y)
                 proba = remote.predict_proba(X)
-    np.testing.assert_allclose(remote.unary_coef_, local.unary_coef_, rtol=0, atol=1e-8)
-    np.testing.assert_allclose(remote.pairwise_coef_, local.pairwise_coef_, rtol=0, atol=1e-8)
+    np.testing.assert_array_equal(remote.unary_coef_, local.unary_coef_)
+    np.testing.assert_array_equal(remote.pairwise_coef_, local.pairwise_coef_)
     for a, b in zip(proba, local.predict_proba(X)):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)
+        np.testing.assert_array_equal(a, b)
 
 
 # ---------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """``loss_and_grad``: every (loss, inference, gradient mode) against finite differences."""
 
+import warnings
+
 import numpy as np
 import pytest
 from reference import brute_force, joint_scores, random_model
@@ -208,6 +210,26 @@ def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverg
     assert value == expected[0]
     np.testing.assert_allclose(gu, expected[1], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(gp, expected[2], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("gradient_mode", ["perturbation", "implicit"])
+def test_fixed_point_gradient_modes_warn_when_inference_did_not_converge(gradient_mode):
+    # Loopy BP on a frustrated, strongly coupled grid does not converge; the
+    # perturbation and implicit gradients assume a fixed point and must say so.
+    rng = np.random.default_rng(0)
+    edges = grid_edges(6, 6)
+    unary = rng.normal(size=(36, 2)) * 0.1
+    signs = rng.choice([-1.0, 1.0], len(edges))[:, None, None]
+    pairwise = np.tile([[1.0, -1.0], [-1.0, 1.0]], (len(edges), 1, 1)) * signs * 3.0
+    labels = rng.integers(0, 2, 36)
+    assert not infer(edges, unary, pairwise, method="lbp", max_iter=200).converged
+    kwargs = dict(inference="lbp", gradient_mode=gradient_mode)
+    with pytest.warns(RuntimeWarning, match=f"gradient_mode='{gradient_mode}': lbp inference did not converge"):
+        loss_and_grad(edges, unary, pairwise, labels, max_iter=200, **kwargs)
+    # a weakly coupled model converges and gives no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss_and_grad(edges, unary, pairwise / 10, labels, max_iter=200, **kwargs)
 
 
 @pytest.mark.parametrize("kernel", ["trw", "mean_field"])

@@ -1,6 +1,7 @@
 """The public ``infer`` API: rho rules, bounds, consistency, stability, bad input."""
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -104,6 +105,9 @@ def test_bounds_and_local_consistency_on_loopy_grid(seed):
     assert exact.log_partition == pytest.approx(log_z, abs=1e-8)
 
 
+# scale 1e3 is beyond what the TRW / LBP messages represent (a warning says
+# so, tested below); here only finiteness and normalisation are checked
+@pytest.mark.filterwarnings("ignore:.*message entries are at the floor:RuntimeWarning")
 @pytest.mark.parametrize("method", ["trw", "lbp", "mean_field", "exact"])
 def test_n_iter_zero_is_softmax_and_stability(method):
     edges = grid_edges(3, 4)
@@ -170,6 +174,8 @@ def test_trw_entropy_is_exact_entropy_on_trees():
         (dict(rho=-1.0), "rho must be positive"),
         (dict(rho=[0.5, 0.5]), "one entry per edge"),
         (dict(rho="magic"), "rho must be"),
+        (dict(rho=True), "rho must be a positive float.*got True"),
+        (dict(edges=None), "edges are missing"),
         (dict(rho=0.5, method="mean_field"), "rho applies"),
         (dict(n_iter=-1), "non-negative"),
         (dict(n_iter=2.5), "n_iter"),
@@ -183,6 +189,16 @@ def test_bad_input(kwargs, match):
     edges, unary, pairwise = args.pop("edges"), args.pop("unary"), args.pop("pairwise")
     with pytest.raises(ValueError, match=match):
         infer(edges, unary, pairwise, **args)
+
+
+@pytest.mark.parametrize("shape", [(2.7, 3), (3, 2.0), (True, 3), ("2", 3), (0, 3)])
+def test_grid_edges_rejects_a_shape_that_is_not_two_positive_integers(shape):
+    with pytest.raises(ValueError, match="grid shape must be"):
+        grid_edges(*shape)
+
+
+def test_grid_edges_accepts_numpy_integers():
+    np.testing.assert_array_equal(grid_edges(np.int64(2), np.int32(3)), grid_edges(2, 3))
 
 
 @pytest.mark.parametrize("method", ["trw", "lbp", "mean_field"])
@@ -199,3 +215,22 @@ def test_inference_without_log_partition_gives_the_same_marginals(method):
     np.testing.assert_array_equal(bare.unary, full.unary)
     np.testing.assert_array_equal(bare.pairwise, full.pairwise)
     assert full.log_partition == infer(edges, unary, pairwise, method=method, n_iter=7).log_partition
+
+
+@pytest.mark.parametrize("method,scale", [("trw", 800), ("lbp", 1500)])
+def test_messages_at_the_floor_are_reported(method, scale):
+    # Parameters differing by more than about 690 * rho need message entries
+    # below 1e-300; the floor then moves the marginals (here by 0.5 or more
+    # from the exact ones, with converged True), which must not pass silently.
+    edges = grid_edges(2, 2)
+    unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]]) * scale
+    pairwise = np.tile(np.eye(2), (4, 1, 1)) * scale
+    with pytest.warns(RuntimeWarning, match="message entries are at the floor"):
+        result = infer(edges, unary, pairwise, method=method)
+    exact = infer(edges, unary, pairwise, method="exact")
+    assert np.abs(result.unary - exact.unary).max() > 0.1  # the warning is not a false alarm here
+    # a tenth of the scale is represented exactly, without a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = infer(edges, unary / 10, pairwise / 10, method=method)
+    np.testing.assert_allclose(result.unary, infer(edges, unary / 10, pairwise / 10, method="exact").unary, atol=1e-12)

@@ -154,3 +154,28 @@ def test_fractional_labels_are_rejected():
 
     with pytest.raises(ValueError, match="integer labels"):
         hamming_error([np.array([0.7, 1.0])], [np.array([0, 1])])
+
+
+def test_scorers_on_a_pipeline_score_the_crf_nodes_like_pipeline_score():
+    # With scale < 1 the CRF grid is coarser than the images: the scorers must
+    # score its nodes, as Pipeline.score (GridSearchCV's default) does, not the
+    # upsampled pixels of predict_proba.
+    from sklearn.pipeline import make_pipeline
+
+    from sklearn_margcrf.datasets import make_denoising_problem
+    from sklearn_margcrf.features import DenoisingFeatures
+
+    images, labels = make_denoising_problem(4, shape=(12, 14), noise=1.25, random_state=0)
+    pipe = make_pipeline(DenoisingFeatures(scale=0.5), MarginalCRF(n_iter=3, max_iter=3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        pipe.fit(images[:2], labels[:2])
+    test_images, test_labels = images[2:], labels[2:]
+    assert node_accuracy_scorer(pipe, test_images, test_labels) == pytest.approx(pipe.score(test_images, test_labels))
+    crf, grids = pipe[-1], pipe[:-1].transform(test_images)
+    assert neg_log_loss_scorer(pipe, test_images, test_labels) == pytest.approx(neg_log_loss_scorer(crf, grids, test_labels))
+    nested = make_pipeline(make_pipeline(pipe[0]), make_pipeline(crf))
+    assert node_accuracy_scorer(nested, test_images, test_labels) == pytest.approx(pipe.score(test_images, test_labels))
+    # the pixel-level score differs here, so the test can tell the two apart
+    pixels = node_accuracy(test_labels, [np.argmax(p, axis=-1) for p in pipe.predict_proba(test_images)])
+    assert pixels != pytest.approx(pipe.score(test_images, test_labels))
