@@ -1,0 +1,500 @@
+"""Back TRW (numba) against the same TRW unrolled in PyTorch and differentiated by autograd.
+
+What is compared
+----------------
+- "ours": ``trw_forward(..., n_iter=N, keep_stack=True)`` followed by
+  ``trw_backward(state, dL/dmu, None, mode="truncated")``, the exact gradient
+  of the loss after exactly N iterations.
+- "torch line-sweep": the *same* computation in PyTorch (float64): messages
+  start uniform, each iteration runs the sequential schedule of
+  ``sklearn_margcrf.trw`` (forward sweep over the edges of ``grid_edges``,
+  then backward sweep), which on the grid vectorises by lines: rightward
+  messages column by column (all rows at once), downward messages row by row
+  (all columns at once), then upward row by row from the bottom and leftward
+  column by column from the right. Probability domain, messages normalised
+  after each update, like ours (without ours' 1e-300 floor and log-domain
+  fallback, which do not trigger on these problems: section 1 prints the
+  fallback count). Autograd differentiates the unrolled iterations.
+  Section 1 checks that marginals and gradient agree with ours.
+- "torch flooding": what one usually writes when unrolling BP/TRW in
+  PyTorch: every message updated at once from the previous iteration's
+  messages, in the log domain with logsumexp and whole-grid tensor ops
+  (optional damping, ``--damping``). Same fixed point as TRW, but information
+  travels one pixel per iteration, so its marginals after N iterations differ
+  from ours; it is compared at equal accuracy (section 3). Section 2 also
+  times it in float32 ("flood32"); everything else is float64.
+
+Loss: the univariate logistic loss L = -sum_i log mu_i(y_i) with random
+labels y (ours: dL/dmu_i(x) = -[x = y_i] / mu_i(x) handed to trw_backward;
+torch: L.backward()). Default rho = 0.5 on every edge, K = 2 states,
+200 x 300 4-connected grid.
+
+Problems
+--------
+- "random": ``random_grid_model`` of _common.py (every unary and pairwise
+  entry uniform in [-1, 1]: coupling of mixed sign).
+- "potts": attractive Potts coupling theta_c(a, b) = beta [a = b] with
+  beta = 1.2 (``--beta``), so theta_c / rho = 2.4; unary
+  theta_i(x) = 2 f_x(i) + 0.5 noise, where every f_x is white Gaussian noise
+  blurred with a Gaussian of 8 pixels (FFT, periodic), scaled to unit
+  standard deviation, and noise is standard Gaussian (seed 0). Sequential TRW
+  needs tens of iterations there (on 60 x 80: 24 until no unary marginal
+  changes by 1e-6 in an iteration, 52 for 1e-10).
+
+Sections
+--------
+1. Agreement of torch line-sweep with ours at N = 10 (both problems): max
+   absolute difference of the unary marginals, and of the gradients w.r.t.
+   (unary, pairwise), absolute and relative to the largest gradient entry.
+2. Time of forward + gradient for N = 10, 20, 40 (``--iters``) on "random":
+   best of R runs after a warm-up run (wall and CPU time, as ``best_time`` of
+   _common.py), with flooding also in float32 ("flood32"). Numba is
+   single-threaded, and so is PyTorch unless ``--torch-threads`` says
+   otherwise (on a busy machine more threads can make PyTorch far slower:
+   its threads wait for each other when one is descheduled).
+3. Accuracy at equal cost, both problems: max absolute error of the unary
+   marginals against the converged TRW fixed point (ours with n_iter=None,
+   tol=1e-10, which itself is within a few 1e-10 of the fixed point), for
+   ours at N = 5, 10, 20, 40 and for flooding at N = 10, 20, 40, 80, ...
+   (doubling) below the first N whose error is at most that of ours at
+   N = 20, and at that first N (or at ``--flood-cap``, default 640, if it is
+   never reached), each with its forward + gradient time (best of the torch
+   repeats). The error curve of flooding is computed once, without gradients.
+4. Memory kept for the differentiation, N = 10, 20, 40. Ours: the stack
+   (N * 2E * K * 8 bytes) and, in total, every array of the TRWState that
+   trw_backward reads plus the arrays trw_backward allocates (message copies,
+   adjoint messages, gradients). Torch: the bytes of the tensors that
+   autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``,
+   deduplicated by storage, the caller's input tensors excluded). Neither
+   counts transient buffers of the backward pass itself.
+
+The machine is shared (other processes compete for its 2 cores), so both the
+minimum wall time and the minimum CPU time (time.process_time) are shown;
+the CPU time is the steadier figure (with ``--torch-threads`` > 1 it adds up
+the threads: compare wall times then). Defaults: ours best of 5 runs, every
+PyTorch variant best of 2, each after a warm-up run; the default run takes
+about 2 to 3 minutes of one core (estimated from smaller grids) and up to
+about 1.5 GB of memory (torch line-sweep at N = 40).
+
+Needs PyTorch (not a dependency of the package; a CPU build is enough)::
+
+    pip install torch
+    python benchmarks/bench_vs_pytorch.py [--height H --width W] [--states K]
+        [--repeat R] [--torch-repeat R] [--iters 10 20 40] [--torch-threads T]
+        [--flood-cap N] [--damping D] [--sections 1 2 3 4]
+"""
+
+import argparse
+import math
+import sys
+
+from _common import best_time, random_grid_model  # noqa: E402 (sets up sys.path)
+
+import numpy as np  # noqa: E402
+
+from sklearn_margcrf._graph import grid_edges  # noqa: E402
+from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    sys.exit("bench_vs_pytorch.py needs PyTorch, which is not a dependency of sklearn_margcrf: "
+             "pip install torch (a CPU build is enough)")
+
+
+# ---------------------------------------------------------------------------
+# problems
+# ---------------------------------------------------------------------------
+
+
+def potts_grid_model(height, width, n_states, beta=1.2, smooth=8.0, signal=2.0, noise=0.5, seed=0):
+    """Attractive Potts grid: theta_c(a, b) = beta [a = b]; unary from a smooth
+    random image plus noise (see the module docstring)."""
+    edges = grid_edges(height, width)
+    rng = np.random.default_rng(seed)
+    fy = np.fft.fftfreq(height)[:, None]
+    fx = np.fft.fftfreq(width)[None, :]
+    kernel = np.exp(-2 * math.pi ** 2 * smooth ** 2 * (fx ** 2 + fy ** 2))  # Gaussian blur, sigma = smooth
+    unary = np.empty((height * width, n_states))
+    for x in range(n_states):
+        f = np.real(np.fft.ifft2(np.fft.fft2(rng.standard_normal((height, width))) * kernel))
+        f = (f - f.mean()) / f.std()
+        unary[:, x] = signal * f.ravel() + noise * rng.standard_normal(height * width)
+    pairwise = np.broadcast_to(beta * np.eye(n_states), (edges.shape[0], n_states, n_states)).copy()
+    return edges, unary, pairwise, rng
+
+
+def grid_views(unary, pairwise, height, width):
+    """(n, K) / (E, K, K) in grid_edges order -> (H, W, K), horizontal
+    (H, W-1, K, K) [left, right], vertical (H-1, W, K, K) [upper, lower]."""
+    K = unary.shape[-1]
+    n_h = height * (width - 1)
+    th = unary.reshape(height, width, K)
+    ph = pairwise[:n_h].reshape(height, width - 1, K, K)
+    pv = pairwise[n_h:].reshape(height - 1, width, K, K)
+    return th, ph, pv
+
+
+# ---------------------------------------------------------------------------
+# ours
+# ---------------------------------------------------------------------------
+
+
+def ours_forward_backward(edges, unary, pairwise, rho, labels, n_iter):
+    """Loss, marginals and gradient (unary, pairwise) of truncated TRW + back TRW."""
+    rows = np.arange(unary.shape[0])
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True)
+    mu = state.unary_marginals
+    loss = -np.log(mu[rows, labels]).sum()
+    g_mu = np.zeros_like(mu)
+    g_mu[rows, labels] = -1.0 / mu[rows, labels]
+    g_unary, g_pairwise = trw_backward(state, g_mu, None, mode="truncated")
+    return loss, mu, g_unary, g_pairwise, state
+
+
+def ours_memory(state):
+    """Bytes of the TRWState arrays trw_backward reads, plus what it allocates."""
+    n, K = state.unary.shape
+    E = state.edges.shape[0]
+    seen, total = set(), 0
+    for name, value in vars(state).items():
+        if not isinstance(value, np.ndarray) or name in ("unary", "pairwise", "edges"):  # the caller's inputs
+            continue
+        base = value if value.base is None else value.base
+        if id(base) not in seen:
+            seen.add(id(base))
+            total += base.nbytes
+    copies = 3 * 2 * E * K * 8  # trw_backward copies messages, powers, inverses (powers alias messages for rho=1)
+    adjoints = 2 * E * K * 8 + n * K * 8 + E * K * K * 8  # adjoint messages, g_unary, g_pairwise
+    return total + copies + adjoints
+
+
+# ---------------------------------------------------------------------------
+# PyTorch, line-sweep: the schedule of sklearn_margcrf.trw, vectorised by lines
+# ---------------------------------------------------------------------------
+
+
+def _power(rho):
+    if rho == 1.0:
+        return (lambda m: m), (lambda m: torch.ones_like(m))
+    if rho == 0.5:
+        return torch.sqrt, torch.rsqrt
+    return (lambda m: m.pow(rho)), (lambda m: m.pow(rho - 1.0))
+
+
+def _update(A, T):
+    """Normalised m(x_v) = sum_{x_u} A(x_u) T[x_u, x_v], batched over a line."""
+    o = torch.bmm(A.unsqueeze(1), T).squeeze(1)
+    return o / o.sum(-1, keepdim=True)
+
+
+def _pad(p, dim, front):
+    """Pad incoming-message powers with ones along ``dim`` (1 where there is no edge)."""
+    shape = list(p.shape)
+    shape[dim] = 1
+    one = p.new_ones(shape)
+    return torch.cat([one, p] if front else [p, one], dim)
+
+
+def torch_line_sweep(unary, ph, pv, rho, n_iter):
+    """Unary marginals (H, W, K) after ``n_iter`` iterations of the sequential
+    TRW schedule of sklearn_margcrf.trw (scalar ``rho``).
+
+    unary (H, W, K); ph (H, W-1, K, K) [left, right]; pv (H-1, W, K, K) [upper, lower].
+    Messages: R[r, c] from horizontal edge (r,c)-(r,c+1) into its right end,
+    L[r, c] into its left end, D[r, c] from vertical edge (r,c)-(r+1,c) into
+    its lower end, U[r, c] into its upper end.
+    """
+    H, W, K = unary.shape
+    pw, pw_cav = _power(rho)  # m ** rho, m ** (rho - 1) (cavity: m^rho / m)
+    # tables exp((theta_c - max) / rho), max-shifted like ours (the shift cancels)
+    eu = torch.exp(unary - unary.detach().amax(-1, keepdim=True))
+    th = torch.exp((ph - ph.detach().amax((-2, -1), keepdim=True)) / rho)
+    tv = torch.exp((pv - pv.detach().amax((-2, -1), keepdim=True)) / rho)
+    # one (batch, K_sender, K_receiver) table per line, contiguous
+    t_right = th.transpose(0, 1).contiguous().unbind(0)  # column c: sender left
+    t_left = th.transpose(0, 1).transpose(-1, -2).contiguous().unbind(0)  # sender right
+    t_down = tv.contiguous().unbind(0)  # row r: sender upper
+    t_up = tv.transpose(-1, -2).contiguous().unbind(0)  # sender lower
+
+    u = 1.0 / K
+    R = L = unary.new_full((H, W - 1, K), u)
+    D = U = unary.new_full((H - 1, W, K), u)
+    Rp = Lp = pw(R)
+    Dp = Up = pw(D)
+    for _ in range(n_iter):
+        # forward sweep, horizontal phase: R column by column, left to right
+        inD, inU = _pad(Dp, 0, True), _pad(Up, 0, False)  # powers of the messages into every pixel
+        base = (eu * inD * inU)[:, :-1] * pw_cav(L)  # cavity of the sender without its left message
+        cols = base.transpose(0, 1).unbind(0)
+        ms, ps, prev = [], [], None
+        for c in range(W - 1):
+            a = cols[c] if prev is None else cols[c] * prev
+            m = _update(a, t_right[c])
+            prev = pw(m)
+            ms.append(m)
+            ps.append(prev)
+        R, Rp = torch.stack(ms, 1), torch.stack(ps, 1)
+        # forward sweep, vertical phase: D row by row, top to bottom
+        inR, inL = _pad(Rp, 1, True), _pad(Lp, 1, False)
+        horiz = eu * inR * inL
+        base = horiz[:-1] * pw_cav(U)
+        rows = base.unbind(0)
+        ms, ps, prev = [], [], None
+        for r in range(H - 1):
+            a = rows[r] if prev is None else rows[r] * prev
+            m = _update(a, t_down[r])
+            prev = pw(m)
+            ms.append(m)
+            ps.append(prev)
+        D, Dp = torch.stack(ms, 0), torch.stack(ps, 0)
+        # backward sweep, vertical phase: U row by row, bottom to top
+        base = horiz[1:] * pw_cav(D)
+        rows = base.unbind(0)
+        ms, ps, prev = [], [], None
+        for r in range(H - 2, -1, -1):
+            a = rows[r] if prev is None else rows[r] * prev
+            m = _update(a, t_up[r])
+            prev = pw(m)
+            ms.append(m)
+            ps.append(prev)
+        U, Up = torch.stack(ms[::-1], 0), torch.stack(ps[::-1], 0)
+        # backward sweep, horizontal phase: L column by column, right to left
+        inD, inU = _pad(Dp, 0, True), _pad(Up, 0, False)
+        base = (eu * inD * inU)[:, 1:] * pw_cav(R)
+        cols = base.transpose(0, 1).unbind(0)
+        ms, ps, prev = [], [], None
+        for c in range(W - 2, -1, -1):
+            a = cols[c] if prev is None else cols[c] * prev
+            m = _update(a, t_left[c])
+            prev = pw(m)
+            ms.append(m)
+            ps.append(prev)
+        L, Lp = torch.stack(ms[::-1], 1), torch.stack(ps[::-1], 1)
+    b = eu * _pad(Rp, 1, True) * _pad(Lp, 1, False) * _pad(Dp, 0, True) * _pad(Up, 0, False)
+    return b / b.sum(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------
+# PyTorch, flooding (log domain)
+# ---------------------------------------------------------------------------
+
+
+def _zpad(x, dim, front):
+    shape = list(x.shape)
+    shape[dim] = 1
+    z = x.new_zeros(shape)
+    return torch.cat([z, x] if front else [x, z], dim)
+
+
+def torch_flooding(unary, ph, pv, rho, n_iter, damping=0.0, callback=None):
+    """Unary marginals (H, W, K) after ``n_iter`` flooding iterations: all
+    messages updated at once from the previous ones (log domain). ``callback(mu)``
+    is called after every iteration, if given; when it returns True the
+    iterations stop."""
+    H, W, K = unary.shape
+    lh, lv = ph / rho, pv / rho
+    lR = lL = unary.new_full((H, W - 1, K), -math.log(K))
+    lD = lU = unary.new_full((H - 1, W, K), -math.log(K))
+
+    def belief():  # log of exp(theta_i) prod_d m_d^rho, unnormalised
+        return unary + rho * (_zpad(lR, 1, True) + _zpad(lL, 1, False) + _zpad(lD, 0, True) + _zpad(lU, 0, False))
+
+    def norm(o):
+        return o - torch.logsumexp(o, -1, keepdim=True)
+
+    for _ in range(n_iter):
+        S = belief()
+        nR = norm(torch.logsumexp((S[:, :-1] - lL).unsqueeze(-1) + lh, -2))  # sender (r,c), into (r,c+1)
+        nL = norm(torch.logsumexp((S[:, 1:] - lR).unsqueeze(-2) + lh, -1))  # sender (r,c+1), into (r,c)
+        nD = norm(torch.logsumexp((S[:-1] - lU).unsqueeze(-1) + lv, -2))  # sender (r,c), into (r+1,c)
+        nU = norm(torch.logsumexp((S[1:] - lD).unsqueeze(-2) + lv, -1))  # sender (r+1,c), into (r,c)
+        if damping:
+            nR, nL = damping * lR + (1 - damping) * nR, damping * lL + (1 - damping) * nL
+            nD, nU = damping * lD + (1 - damping) * nD, damping * lU + (1 - damping) * nU
+        lR, lL, lD, lU = nR, nL, nD, nU
+        if callback is not None and callback(torch.softmax(belief(), -1)):
+            break
+    return torch.softmax(belief(), -1)
+
+
+def torch_forward_backward(method, unary, pairwise, rho, labels, H, W, n_iter, dtype=torch.float64, damping=0.0):
+    """Loss, marginals (n, K) and autograd gradient (unary, pairwise) of ``method``."""
+    K = unary.shape[1]
+    tu = torch.tensor(unary, dtype=dtype, requires_grad=True)
+    tp = torch.tensor(pairwise, dtype=dtype, requires_grad=True)
+    th, ph, pv = grid_views(tu, tp, H, W)
+    if method == "line":
+        mu = torch_line_sweep(th, ph, pv, rho, n_iter)
+    else:
+        mu = torch_flooding(th, ph, pv, rho, n_iter, damping=damping)
+    mu = mu.reshape(-1, K)
+    loss = -torch.log(mu.gather(1, labels.unsqueeze(1))).sum()
+    loss.backward()
+    return loss.detach(), mu.detach(), tu.grad, tp.grad
+
+
+def torch_saved_bytes(method, unary, pairwise, rho, labels, H, W, n_iter, dtype=torch.float64, damping=0.0):
+    """Bytes of the tensors autograd saves for backward, deduplicated by
+    storage, the input tensors excluded."""
+    K = unary.shape[1]
+    tu = torch.tensor(unary, dtype=dtype, requires_grad=True)
+    tp = torch.tensor(pairwise, dtype=dtype, requires_grad=True)
+    lab = torch.as_tensor(labels)
+    storages = {}
+    inputs = {tu.untyped_storage().data_ptr(), tp.untyped_storage().data_ptr(), lab.untyped_storage().data_ptr()}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in inputs:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        th, ph, pv = grid_views(tu, tp, H, W)
+        if method == "line":
+            mu = torch_line_sweep(th, ph, pv, rho, n_iter)
+        else:
+            mu = torch_flooding(th, ph, pv, rho, n_iter, damping=damping)
+        loss = -torch.log(mu.reshape(-1, K).gather(1, lab.unsqueeze(1))).sum()
+    total = sum(storages.values())
+    del loss, mu
+    return total
+
+
+# ---------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------
+
+
+def arguments():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--height", type=int, default=200)
+    parser.add_argument("--width", type=int, default=300)
+    parser.add_argument("--states", type=int, default=2, help="K (default 2)")
+    parser.add_argument("--rho", type=float, default=0.5, help="edge appearance probability, every edge")
+    parser.add_argument("--beta", type=float, default=1.2, help="Potts coupling of the 'potts' problem")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs of ours (best is shown)")
+    parser.add_argument("--torch-repeat", type=int, default=2, help="timed runs of each PyTorch variant")
+    parser.add_argument("--iters", type=int, nargs="+", default=[10, 20, 40])
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--flood-cap", type=int, default=640, help="largest flooding N in section 3")
+    parser.add_argument("--damping", type=float, default=0.0, help="flooding damping (default none)")
+    parser.add_argument("--max-iter", type=int, default=5000, help="cap of the converged reference run")
+    parser.add_argument("--sections", type=int, nargs="+", default=[1, 2, 3, 4])
+    return parser.parse_args()
+
+
+def fmt_time(t):
+    return f"{t[0]:8.4f} s wall / {t[1]:8.4f} s CPU"
+
+
+def main():
+    args = arguments()
+    torch.set_num_threads(args.torch_threads)
+    torch.set_num_interop_threads(1)
+    H, W, K, rho = args.height, args.width, args.states, args.rho
+    if H < 2 or W < 2:
+        sys.exit("--height and --width must be at least 2")
+    n = H * W
+    E = H * (W - 1) + (H - 1) * W
+    rho_e = np.full(E, rho)
+    problems = {
+        "random": random_grid_model(H, W, K),
+        "potts": potts_grid_model(H, W, K, beta=args.beta),
+    }
+    labels = {}
+    for name, (_, _, _, rng) in problems.items():
+        labels[name] = rng.integers(0, K, size=n)
+    print(f"grid {H}x{W}: n={n}, E={E}, K={K}, rho={rho}; numba single-threaded, torch {torch.__version__} with "
+          f"{torch.get_num_threads()} thread(s); ours best of {args.repeat} runs, torch best of {args.torch_repeat} "
+          f"(after a warm-up run; shared machine: minimum wall / CPU time)")
+
+    def run_ours(name, N):
+        edges, unary, pairwise, _ = problems[name]
+        return ours_forward_backward(edges, unary, pairwise, rho_e, labels[name], N)
+
+    def run_torch(name, method, N, dtype=torch.float64):
+        _, unary, pairwise, _ = problems[name]
+        lab = torch.as_tensor(labels[name])
+        return torch_forward_backward(method, unary, pairwise, rho, lab, H, W, N, dtype=dtype, damping=args.damping)
+
+    if 1 in args.sections:
+        N = 10
+        print(f"\n1. agreement of torch line-sweep (float64, autograd) with ours (trw_forward + trw_backward), N={N}")
+        for name in problems:
+            _, mu_o, gu_o, gp_o, state = run_ours(name, N)
+            _, mu_t, gu_t, gp_t = run_torch(name, "line", N)
+            mu_t, gu_t, gp_t = mu_t.numpy(), gu_t.numpy(), gp_t.numpy()
+            scale = max(np.abs(gu_o).max(), np.abs(gp_o).max())
+            du, dp = np.abs(gu_t - gu_o).max(), np.abs(gp_t - gp_o).max()
+            print(f"  {name:6s}: marginals max |diff| {np.abs(mu_t - mu_o).max():.2e};  gradient max |diff| "
+                  f"unary {du:.2e}, pairwise {dp:.2e} (largest gradient entry {scale:.3g}: relative "
+                  f"{max(du, dp) / scale:.2e});  log-domain fallbacks in ours: {state.n_fallback}")
+
+    if 2 in args.sections:
+        print("\n2. forward + gradient of L = -sum_i log mu_i(y_i), problem 'random'")
+        for N in args.iters:
+            t = best_time(lambda: run_ours("random", N), args.repeat)
+            print(f"  N={N:3d}  ours              {fmt_time(t)}")
+            base = t[1]
+            for label, method, dtype in (("torch line-sweep", "line", torch.float64),
+                                         ("torch flooding", "flood", torch.float64),
+                                         ("torch flood32", "flood", torch.float32)):
+                tt = best_time(lambda: run_torch("random", method, N, dtype), args.torch_repeat)
+                print(f"  N={N:3d}  {label:17s} {fmt_time(tt)}   ({tt[1] / base:6.1f} x ours, CPU)")
+
+    if 3 in args.sections:
+        print("\n3. accuracy at equal cost: max |mu - mu*| of the unary marginals against the converged TRW "
+              "fixed point mu* (ours, tol=1e-10), with the forward + gradient time (float64)")
+        for name in problems:
+            edges, unary, pairwise, _ = problems[name]
+            ref = trw_forward(edges, unary, pairwise, rho_e, n_iter=None, tol=1e-10, max_iter=args.max_iter)
+            mu_star = ref.unary_marginals
+            print(f"  problem '{name}': reference {ref.n_iter} sequential iterations, converged={ref.converged}")
+            target = target_cpu = None
+            for N in (5, 10, 20, 40):
+                mu = trw_forward(edges, unary, pairwise, rho_e, n_iter=N).unary_marginals
+                err = np.abs(mu - mu_star).max()
+                t = best_time(lambda: run_ours(name, N), args.repeat)
+                if N == 20:
+                    target, target_cpu = err, t[1]
+                print(f"    ours           N={N:4d}: error {err:.2e}   {fmt_time(t)}")
+            errors = []
+
+            def record(m):
+                errors.append(np.abs(m.reshape(-1, K).numpy() - mu_star).max())
+                return errors[-1] <= target
+
+            th, ph, pv = grid_views(torch.from_numpy(unary), torch.from_numpy(pairwise), H, W)
+            with torch.no_grad():
+                torch_flooding(th, ph, pv, rho, args.flood_cap, damping=args.damping, callback=record)
+            reached = len(errors) if errors[-1] <= target else None
+            Ns = [N for N in (10 * 2 ** k for k in range(30)) if N < len(errors)]
+            Ns.append(len(errors))  # the first N that reaches ours' N=20 error, or the cap
+            for N in Ns:
+                t = best_time(lambda: run_torch(name, "flood", N), args.torch_repeat)
+                note = (f"   <- first N with error <= ours at N=20: {t[1] / target_cpu:.1f} x its CPU time"
+                        if N == reached else "")
+                print(f"    torch flooding N={N:4d}: error {errors[N - 1]:.2e}   {fmt_time(t)}{note}")
+            if reached is None:
+                print(f"    torch flooding does not reach ours' N=20 error {target:.2e} within --flood-cap="
+                      f"{args.flood_cap} iterations")
+
+    if 4 in args.sections:
+        print("\n4. memory kept for the differentiation (MiB), problem 'random'")
+        _, unary, pairwise, _ = problems["random"]
+        for N in args.iters:
+            state = run_ours("random", N)[4]
+            stack = N * 2 * E * K * 8
+            ours = ours_memory(state)
+            lab = labels["random"]
+            line = torch_saved_bytes("line", unary, pairwise, rho, lab, H, W, N)
+            flood = torch_saved_bytes("flood", unary, pairwise, rho, lab, H, W, N)
+            print(f"  N={N:3d}  ours: stack {stack / 2**20:8.1f}, total {ours / 2**20:8.1f};  torch saved tensors: "
+                  f"line-sweep {line / 2**20:8.1f} ({line / ours:4.1f} x ours), "
+                  f"flooding {flood / 2**20:8.1f} ({flood / ours:4.1f} x ours)")
+
+
+if __name__ == "__main__":
+    main()
