@@ -16,19 +16,14 @@ Recording against time. All methods start from the same independent model
 ``inference="independent"`` (``--init-max-iter`` L-BFGS iterations at most).
 
 * Objective against time: one uninterrupted ``warm_start=True`` fit from the
-  independent model (L-BFGS keeps its curvature memory throughout);
-  ``MarginalCRF`` records the objective after every L-BFGS iteration
-  (``loss_curve_``) and the seconds since the start of ``fit`` at each
-  (``time_curve_``).
-* Test error against time: ``MarginalCRF`` does not expose the intermediate
-  weights, so the test error at L-BFGS iteration k is measured on a separate
-  fit from the same independent model with ``max_iter=k``, for k in a
-  geometric sequence (1, 3, 9, 27, ... with ``--ratio 3``). L-BFGS is
-  deterministic, so that fit's weights are those of the uninterrupted fit at
-  iteration k (the longest of these fits *is* the uninterrupted fit), and the
-  test error is plotted at the uninterrupted fit's time of iteration k. These
-  prefix fits repeat work (about ratio / (ratio - 1) times the cost of one
-  fit); their time and that of the evaluations are not on the time axis.
+  independent model (L-BFGS keeps its curvature memory throughout), whose
+  ``callback`` records the objective after every L-BFGS iteration and the
+  seconds since the start of ``fit``.
+* Test error against time: the same callback keeps a copy of the weights
+  after L-BFGS iterations k of a geometric sequence (1, 3, 9, 27, ... with
+  ``--ratio 3``) and after the last one; their test errors are measured after
+  the fit, so the evaluations are not on the time axis. The callback also
+  ends the fit at the time budget.
 
 The objective of each method is the one it minimises: the mean univariate
 logistic loss per labelled pixel of its own marginals (after ``n_iter``
@@ -43,8 +38,8 @@ Run::
 Default: the paper's 100 training images and 100 other test images (the
 paper does not say which images it tested on; here a random, seeded choice
 of 200 among the 715), up to 1000 L-BFGS iterations and one hour of fitting
-per method (``--time-budget``, on the time axis: the last prefix fit is
-shortened to end near it, at the mean cost per iteration of the previous one). ``--quick``: 8 training and 8 test images, 12 L-BFGS
+per method (``--time-budget``, on the time axis, the independent model's
+fit included). ``--quick``: 8 training and 8 test images, 12 L-BFGS
 iterations. Outputs in ``--out``: ``learning_methods_table.txt``,
 ``learning_methods.png``, ``learning_methods_curves.json``.
 """
@@ -134,11 +129,11 @@ def _select_images(path, n_train, n_test, seed):
 def run_method(params, X_train, y_train, X_test, y_test, args):
     """Fit one method from the independent model; return its curves.
 
-    ``time``/``objective``/``iteration``: every L-BFGS iteration of the
-    longest (uninterrupted) fit; ``snap_*``/``test_error``: the test error
-    after 0 (the independent model) and after each of :func:`snapshots`
-    iterations, from fits with that ``max_iter`` (see the module docstring).
-    Times count from the start of the independent model's fit.
+    ``time``/``objective``/``iteration``: every L-BFGS iteration of the fit;
+    ``snap_*``/``test_error``: the test error after 0 iterations (the
+    independent model), after each of :func:`snapshots` iterations and after
+    the last one (see the module docstring). Times count from the start of
+    the independent model's fit.
     """
     from sklearn_margcrf import MarginalCRF
 
@@ -153,46 +148,42 @@ def run_method(params, X_train, y_train, X_test, y_test, args):
     init_seconds = start.fit_time_
     wrong, total = _common.error_counts(start, X_test, y_test)
     curve = dict(time=[], objective=[], iteration=[], snap_time=[init_seconds], snap_iteration=[0],
-                 test_error=[wrong / total], init_seconds=init_seconds, stop="max_iter", refit_seconds=0.0)
-    longest, test_errors = None, {}  # test error by L-BFGS iteration count
-    for target in snapshots(args.max_iter, args.ratio):
-        requested = target
-        if args.time_budget is not None and longest is not None:
-            # end the last fit near the budget, at the cost per iteration of the previous fit
-            per_iteration = longest.fit_time_ / longest.n_iter_
-            requested = min(target, int((args.time_budget - init_seconds) / per_iteration))
-            if requested <= longest.n_iter_:
-                curve["stop"] = "time budget"
-                break
-        model = copy.deepcopy(start).set_params(inference="trw", max_iter=requested, **params)
-        try:
-            with _common.ignore_convergence_warnings():
-                model.fit(X_train, y_train)
-        except (FloatingPointError, ValueError) as exc:
-            curve["stop"] = f"failed: {type(exc).__name__}"
-            break
-        curve["refit_seconds"] += model.fit_time_
-        longest = model
-        wrong, total = _common.error_counts(model, X_test, y_test)
-        test_errors[model.n_iter_] = wrong / total
-        if model.n_iter_ < requested:
+                 test_error=[wrong / total], init_seconds=init_seconds, stop="max_iter")
+    wanted = set(snapshots(args.max_iter, args.ratio))
+    saved = {}  # weights by L-BFGS iteration
+
+    def record(progress):
+        curve["time"].append(init_seconds + progress.elapsed)
+        curve["objective"].append(float(progress.objective))
+        weights = dict(unary_coef=progress.unary_coef, pairwise_coef=progress.pairwise_coef)
+        if progress.n_iter in wanted:
+            saved[progress.n_iter] = weights
+        if args.time_budget is not None and init_seconds + progress.elapsed >= args.time_budget:
+            saved[progress.n_iter] = weights
+            curve["stop"] = "time budget"
+            return True
+        return False
+
+    model = copy.deepcopy(start).set_params(inference="trw", max_iter=args.max_iter, callback=record, **params)
+    try:
+        with _common.ignore_convergence_warnings():
+            model.fit(X_train, y_train)
+        saved[model.n_iter_] = dict(unary_coef=model.unary_coef_, pairwise_coef=model.pairwise_coef_)
+        if model.n_iter_ < args.max_iter and curve["stop"] == "max_iter":
             # L-BFGS ended before its cap: converged, or stuck after its restarts
             curve["stop"] = "L-BFGS stopped (converged or no descent)"
-            break
-        if args.time_budget is not None and init_seconds + model.fit_time_ >= args.time_budget:
-            curve["stop"] = "time budget"
-            break
-    if longest is not None:
-        curve["time"] = [init_seconds + t for t in longest.time_curve_]
-        curve["objective"] = [float(v) for v in longest.loss_curve_]
-        curve["iteration"] = list(range(1, len(curve["objective"]) + 1))
-        for k, error in sorted(test_errors.items()):
-            curve["snap_time"].append(curve["time"][k - 1] if 0 < k <= len(curve["time"]) else init_seconds)
-            curve["snap_iteration"].append(k)
-            curve["test_error"].append(error)
-    curve["seconds"] = init_seconds + (longest.fit_time_ if longest is not None else 0.0)
-    curve["n_iter"] = longest.n_iter_ if longest is not None else 0
-    curve["refit_seconds"] -= longest.fit_time_ if longest is not None else 0.0
+    except (FloatingPointError, ValueError) as exc:  # the snapshots saved before it still count
+        curve["stop"] = f"failed: {type(exc).__name__}"
+    curve["iteration"] = list(range(1, len(curve["objective"]) + 1))
+    for k in sorted(saved):
+        if not all(np.all(np.isfinite(w)) for w in saved[k].values()):
+            continue
+        wrong, total = _common.error_counts(_common.restore(copy.deepcopy(model), saved[k]), X_test, y_test)
+        curve["snap_time"].append(curve["time"][k - 1])
+        curve["snap_iteration"].append(k)
+        curve["test_error"].append(wrong / total)
+    curve["seconds"] = curve["time"][-1] if curve["time"] else init_seconds
+    curve["n_iter"] = len(curve["objective"])
     return curve
 
 
@@ -286,7 +277,7 @@ def main(argv=None):
             c = curves[label]
             print(f"  {label:26s} {c['n_iter']:5d} it. {c['seconds']:9.1f} s fit (init {c['init_seconds']:.1f} s), "
                   f"objective {c['objective'][-1] if c['objective'] else float('nan'):.5f}, test error "
-                  f"{c['test_error'][-1]:.3f} [{c['stop']}]; with test-error fits and evaluations "
+                  f"{c['test_error'][-1]:.3f} [{c['stop']}]; with the test-error evaluations "
                   f"{t_method.seconds:.1f} s", flush=True)
         figure_path = figure(curves, args)
     text = "\n\n".join([

@@ -17,7 +17,7 @@ still holds. Rules:
     component); the uniform mixture of those k trees contains every edge with
     probability at least 1/k, so ``1/k`` is dominated by a point of the
     spanning-tree polytope. Linear time; k = 2 on 4-connected grids
-    (``rho = 0.5``, the value used in the paper's experiments), k = 1 on forests
+    (``rho = 0.5``; the paper does not state the values it used), k = 1 on forests
     (``rho = 1``: TRW is exact there).
 ``"auto"`` (the default)
     ``uniform_spanning_tree`` if every component has at most

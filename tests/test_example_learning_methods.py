@@ -34,6 +34,10 @@ def test_learning_methods_example(tmp_path):
         assert len(c["test_error"]) == len(c["snap_time"]) >= 2  # the start and at least one snapshot
         assert np.all(np.diff(c["time"]) >= 0) and np.all(np.isfinite(c["objective"]))
         assert 1 <= c["n_iter"] <= 2
+        # the callback's snapshots: the start, each snapshot iteration and the last one, at their fit times
+        assert c["snap_iteration"][0] == 0 and c["snap_iteration"][-1] == c["n_iter"]
+        assert np.all(np.diff(c["snap_iteration"]) > 0)
+        assert c["snap_time"][1:] == [c["time"][k - 1] for k in c["snap_iteration"][1:]]
     raw = json.loads((out / "learning_methods_curves.json").read_text())
     assert len(raw["train_ids"]) == 2 and not set(raw["train_ids"]) & set(raw["test_ids"])
 
