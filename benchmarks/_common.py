@@ -44,3 +44,19 @@ def random_grid_model(height, width, n_states, seed=0):
     unary = rng.uniform(-1, 1, size=(height * width, n_states))
     pairwise = rng.uniform(-1, 1, size=(edges.shape[0], n_states, n_states))
     return edges, unary, pairwise, rng
+
+
+def truncated_logistic_gradient(edges, unary, pairwise, rho, labels, n_iter):
+    """Univariate logistic loss ``-sum_i log mu_i(label_i)`` of the TRW
+    marginals after ``n_iter`` iterations and its gradient by back TRW:
+    (loss, grad_unary, grad_pairwise, forward state)."""
+    from sklearn_margcrf.trw import trw_backward, trw_forward
+
+    rows = np.arange(unary.shape[0])
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True)
+    mu = state.unary_marginals
+    loss = -np.log(mu[rows, labels]).sum()
+    g_mu = np.zeros_like(mu)
+    g_mu[rows, labels] = -1.0 / mu[rows, labels]
+    g_unary, g_pairwise = trw_backward(state, g_mu, None, mode="truncated")
+    return loss, g_unary, g_pairwise, state

@@ -88,12 +88,12 @@ import argparse
 import math
 import sys
 
-from _common import best_time, random_grid_model  # noqa: E402 (sets up sys.path)
+from _common import best_time, random_grid_model, truncated_logistic_gradient  # noqa: E402 (sets up sys.path)
 
 import numpy as np  # noqa: E402
 
 from sklearn_margcrf._graph import grid_edges  # noqa: E402
-from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
+from sklearn_margcrf.trw import trw_forward  # noqa: E402
 
 try:
     import torch
@@ -142,14 +142,8 @@ def grid_views(unary, pairwise, height, width):
 
 def ours_forward_backward(edges, unary, pairwise, rho, labels, n_iter):
     """Loss, marginals and gradient (unary, pairwise) of truncated TRW + back TRW."""
-    rows = np.arange(unary.shape[0])
-    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True)
-    mu = state.unary_marginals
-    loss = -np.log(mu[rows, labels]).sum()
-    g_mu = np.zeros_like(mu)
-    g_mu[rows, labels] = -1.0 / mu[rows, labels]
-    g_unary, g_pairwise = trw_backward(state, g_mu, None, mode="truncated")
-    return loss, mu, g_unary, g_pairwise, state
+    loss, g_unary, g_pairwise, state = truncated_logistic_gradient(edges, unary, pairwise, rho, labels, n_iter)
+    return loss, state.unary_marginals, g_unary, g_pairwise, state
 
 
 def ours_memory(state):
@@ -186,6 +180,20 @@ def _update(A, T):
     """Normalised m(x_v) = sum_{x_u} A(x_u) T[x_u, x_v], batched over a line."""
     o = torch.bmm(A.unsqueeze(1), T).squeeze(1)
     return o / o.sum(-1, keepdim=True)
+
+
+def _line_pass(bases, tables, pw, reverse=False):
+    """One phase of a sweep: the messages of every line, in order (or in
+    reverse), each from its line's cavity ``bases[k]`` times the power of the
+    message just computed on the previous line. Returns (messages, powers),
+    indexed like ``bases``."""
+    n = len(bases)
+    messages, powers, prev = [None] * n, [None] * n, None
+    for k in (range(n - 1, -1, -1) if reverse else range(n)):
+        a = bases[k] if prev is None else bases[k] * prev
+        messages[k] = _update(a, tables[k])
+        powers[k] = prev = pw(messages[k])
+    return messages, powers
 
 
 def _pad(p, dim, front):
@@ -226,51 +234,21 @@ def torch_line_sweep(unary, ph, pv, rho, n_iter):
         # forward sweep, horizontal phase: R column by column, left to right
         inD, inU = _pad(Dp, 0, True), _pad(Up, 0, False)  # powers of the messages into every pixel
         base = (eu * inD * inU)[:, :-1] * pw_cav(L)  # cavity of the sender without its left message
-        cols = base.transpose(0, 1).unbind(0)
-        ms, ps, prev = [], [], None
-        for c in range(W - 1):
-            a = cols[c] if prev is None else cols[c] * prev
-            m = _update(a, t_right[c])
-            prev = pw(m)
-            ms.append(m)
-            ps.append(prev)
+        ms, ps = _line_pass(base.transpose(0, 1).unbind(0), t_right, pw)
         R, Rp = torch.stack(ms, 1), torch.stack(ps, 1)
         # forward sweep, vertical phase: D row by row, top to bottom
         inR, inL = _pad(Rp, 1, True), _pad(Lp, 1, False)
         horiz = eu * inR * inL
-        base = horiz[:-1] * pw_cav(U)
-        rows = base.unbind(0)
-        ms, ps, prev = [], [], None
-        for r in range(H - 1):
-            a = rows[r] if prev is None else rows[r] * prev
-            m = _update(a, t_down[r])
-            prev = pw(m)
-            ms.append(m)
-            ps.append(prev)
+        ms, ps = _line_pass((horiz[:-1] * pw_cav(U)).unbind(0), t_down, pw)
         D, Dp = torch.stack(ms, 0), torch.stack(ps, 0)
         # backward sweep, vertical phase: U row by row, bottom to top
-        base = horiz[1:] * pw_cav(D)
-        rows = base.unbind(0)
-        ms, ps, prev = [], [], None
-        for r in range(H - 2, -1, -1):
-            a = rows[r] if prev is None else rows[r] * prev
-            m = _update(a, t_up[r])
-            prev = pw(m)
-            ms.append(m)
-            ps.append(prev)
-        U, Up = torch.stack(ms[::-1], 0), torch.stack(ps[::-1], 0)
+        ms, ps = _line_pass((horiz[1:] * pw_cav(D)).unbind(0), t_up, pw, reverse=True)
+        U, Up = torch.stack(ms, 0), torch.stack(ps, 0)
         # backward sweep, horizontal phase: L column by column, right to left
         inD, inU = _pad(Dp, 0, True), _pad(Up, 0, False)
         base = (eu * inD * inU)[:, 1:] * pw_cav(R)
-        cols = base.transpose(0, 1).unbind(0)
-        ms, ps, prev = [], [], None
-        for c in range(W - 2, -1, -1):
-            a = cols[c] if prev is None else cols[c] * prev
-            m = _update(a, t_left[c])
-            prev = pw(m)
-            ms.append(m)
-            ps.append(prev)
-        L, Lp = torch.stack(ms[::-1], 1), torch.stack(ps[::-1], 1)
+        ms, ps = _line_pass(base.transpose(0, 1).unbind(0), t_left, pw, reverse=True)
+        L, Lp = torch.stack(ms, 1), torch.stack(ps, 1)
     b = eu * _pad(Rp, 1, True) * _pad(Lp, 1, False) * _pad(Dp, 0, True) * _pad(Up, 0, False)
     return b / b.sum(-1, keepdim=True)
 
