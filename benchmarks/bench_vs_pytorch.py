@@ -121,8 +121,9 @@ minimum wall time and the minimum CPU time (time.process_time) are shown;
 the CPU time is the steadier figure (with ``--torch-threads`` > 1 it adds up
 the threads: compare wall times then). Defaults: ours best of 5 runs, every
 PyTorch variant best of 2, each after a warm-up run; the default TRW run
-takes about 2 to 3 minutes of one core (estimated from smaller grids) and up
-to about 1.5 GB of memory (torch line-sweep at N = 40). The mean-field run
+took 95 s on an otherwise idle 2-core machine (docs/results/
+bench_vs_pytorch.txt) and needs up to about 1.5 GB of memory (torch
+line-sweep at N = 40). The mean-field run (not yet run at full size)
 takes about 3 to 5 minutes of one core and up to about 4 GB (estimated from
 60 x 80: flooding with gradient at N = 640 in section 3, when it neither
 reaches ours' error nor converges; ``--flood-cap 320`` halves that).
