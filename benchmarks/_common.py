@@ -52,11 +52,15 @@ def truncated_logistic_gradient(edges, unary, pairwise, rho, labels, n_iter):
     (loss, grad_unary, grad_pairwise, forward state)."""
     from sklearn_margcrf.trw import trw_backward, trw_forward
 
-    rows = np.arange(unary.shape[0])
     state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True)
-    mu = state.unary_marginals
-    loss = -np.log(mu[rows, labels]).sum()
-    g_mu = np.zeros_like(mu)
-    g_mu[rows, labels] = -1.0 / mu[rows, labels]
+    loss, g_mu = logistic_loss(state.unary_marginals, labels)
     g_unary, g_pairwise = trw_backward(state, g_mu, None, mode="truncated")
     return loss, g_unary, g_pairwise, state
+
+
+def logistic_loss(mu, labels):
+    """``-sum_i log mu_i(label_i)`` and its gradient in the (n, K) marginals ``mu``."""
+    rows = np.arange(mu.shape[0])
+    g_mu = np.zeros_like(mu)
+    g_mu[rows, labels] = -1.0 / mu[rows, labels]
+    return -np.log(mu[rows, labels]).sum(), g_mu

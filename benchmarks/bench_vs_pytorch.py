@@ -141,7 +141,7 @@ import argparse
 import math
 import sys
 
-from _common import best_time, random_grid_model, truncated_logistic_gradient  # noqa: E402 (sets up sys.path)
+from _common import best_time, logistic_loss, random_grid_model, truncated_logistic_gradient  # noqa: E402 (sets up sys.path)
 
 import numpy as np  # noqa: E402
 
@@ -203,13 +203,10 @@ def ours_forward_backward(edges, unary, pairwise, rho, labels, n_iter):
 def ours_mean_field(edges, unary, pairwise, labels, n_iter):
     """Loss, marginals and gradient (unary, pairwise) of truncated sequential
     mean field + back mean field (the same loss as for TRW)."""
-    rows = np.arange(unary.shape[0])
     state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, keep_stack=True)
-    mu = state.unary_marginals
-    g_mu = np.zeros_like(mu)
-    g_mu[rows, labels] = -1.0 / mu[rows, labels]
+    loss, g_mu = logistic_loss(state.unary_marginals, labels)
     g_unary, g_pairwise = mean_field_backward(state, g_mu, None, mode="truncated")
-    return -np.log(mu[rows, labels]).sum(), mu, g_unary, g_pairwise, state
+    return loss, state.unary_marginals, g_unary, g_pairwise, state
 
 
 def _array_bytes(arrays):

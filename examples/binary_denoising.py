@@ -13,12 +13,12 @@ Protocol of the paper (the default): TRW inference; the marginal-based losses
 are learned by back TRW run to convergence (``gradient_mode="backprop"``) with
 an inference threshold of 1e-4; the surrogate likelihood uses the same
 inference and back-propagates through its entropy (at convergence this is
-``f - mu``, the paper's direct form); pseudolikelihood and piecewise likelihood need no inference in
-learning and are evaluated with TRW (threshold 1e-4); every model starts from
-the independent model (per-pixel logistic regression), and smooth
-classification from the surrogate likelihood fit. ``--gradient-mode truncated
---n-iter N`` is a faster alternative (truncated fitting, N iterations in
-learning and prediction).
+``f - mu``, the paper's direct form); pseudolikelihood and piecewise
+likelihood need no inference in learning and are evaluated with TRW
+(threshold 1e-4); every model starts from the independent model (per-pixel
+logistic regression), and smooth classification from the surrogate
+likelihood fit. ``--gradient-mode truncated --n-iter N`` is a faster
+alternative (truncated fitting, N iterations in learning and prediction).
 
 Run::
 

@@ -137,26 +137,20 @@ def marginal_brier_score(y_true, marginals):
     return float(np.mean(np.sum(diff * diff, axis=1)))
 
 
-def _final_step(estimator):
-    """The estimator that makes the predictions: the last step of a
-    (possibly nested) Pipeline, else ``estimator`` itself."""
-    while isinstance(estimator, Pipeline):
-        estimator = estimator[-1]
-    return estimator
-
-
 def _node_level(estimator, X, y):
     """(labels, marginals) per sample, at the nodes when the estimator can
     tell them (a MarginalCRF, or a Pipeline ending in one, whose earlier steps
     transform X as ``Pipeline.score`` does), else as ``predict_proba``
     returns them."""
-    final = _final_step(estimator)
+    final, transforms = estimator, []  # the last step of (nested) pipelines, and the steps before it
+    while isinstance(final, Pipeline):
+        if len(final) > 1:
+            transforms.append(final[:-1])
+        final = final[-1]
     if not hasattr(final, "_node_marginals"):
         return list(y), estimator.predict_proba(X)
-    while isinstance(estimator, Pipeline):
-        if len(estimator) > 1:
-            X = estimator[:-1].transform(X)
-        estimator = estimator[-1]
+    for steps in transforms:
+        X = steps.transform(X)
     samples, marginals = final._node_marginals(X)
     if len(y) != len(samples):
         raise ValueError(f"X has {len(samples)} samples but y has {len(y)} label arrays")
