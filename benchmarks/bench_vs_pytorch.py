@@ -123,10 +123,11 @@ the threads: compare wall times then). Defaults: ours best of 5 runs, every
 PyTorch variant best of 2, each after a warm-up run; the default TRW run
 took 95 s on an otherwise idle 2-core machine (docs/results/
 bench_vs_pytorch.txt) and needs up to about 1.5 GB of memory (torch
-line-sweep at N = 40). The mean-field run (not yet run at full size)
-takes about 3 to 5 minutes of one core and up to about 4 GB (estimated from
-60 x 80: flooding with gradient at N = 640 in section 3, when it neither
-reaches ours' error nor converges; ``--flood-cap 320`` halves that).
+line-sweep at N = 40). The default mean-field run took 135 s on the same
+idle machine (docs/results/bench_vs_pytorch_mean_field.txt); its peak
+resident memory is 5.7 GB (measured for section 3 alone, where parallel
+mean field runs with gradient up to N = 640 when it neither reaches ours'
+error nor converges; a smaller ``--flood-cap`` needs less).
 
 Needs PyTorch (not a dependency of the package; a CPU build is enough)::
 
