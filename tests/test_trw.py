@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from reference import brute_force, chain_edges, numeric_gradient, random_model, random_tree_edges
 
-from sklearn_margcrf import trw
+from sklearn_margcrf import infer, trw
 from sklearn_margcrf._graph import grid_edges
 from sklearn_margcrf.trw import trw_backward, trw_forward
 
@@ -405,3 +405,133 @@ def test_argument_errors():
         trw_backward(state, np.zeros((4, 2)), None, mode="truncated")
     with pytest.raises(ValueError, match="mode"):
         trw_backward(state, np.zeros((4, 2)), None, mode="implicit")
+
+
+# ---------------------------------------------------------------------------
+# interleaved execution order of the K = 2 forward sweep
+# ---------------------------------------------------------------------------
+
+
+def random_graph(n, n_edges, rng):
+    """``n_edges`` distinct random edges on ``n`` nodes, in random order."""
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    return n, np.array([pairs[k] for k in rng.choice(len(pairs), size=n_edges, replace=False)], dtype=np.int64)
+
+
+def random_walk_graph(n, n_walks, length, rng):
+    """Edges along random walks, in walking order: chains of the canonical
+    order that share nodes with each other, which must not be merged."""
+    edges, seen = [], set()
+    for _ in range(n_walks):
+        v = int(rng.integers(n))
+        for _ in range(length):
+            w = int(rng.integers(n))
+            if w != v and (min(v, w), max(v, w)) not in seen:
+                seen.add((min(v, w), max(v, w)))
+                edges.append((v, w))
+                v = w
+    return n, np.array(edges, dtype=np.int64)
+
+
+INTERLEAVE_GRAPHS = {
+    "grid1x7": lambda rng: (7, grid_edges(1, 7)),
+    "grid6x1": lambda rng: (6, grid_edges(6, 1)),
+    "grid4x5": lambda rng: (20, grid_edges(4, 5)),
+    "grid5x3": lambda rng: (15, grid_edges(5, 3)),
+    "chain6": lambda rng: (6, chain_edges(6)),
+    "random": lambda rng: random_graph(9, 16, rng),
+    "walks3": lambda rng: random_walk_graph(10, 8, 3, rng),
+    "walks4": lambda rng: random_walk_graph(10, 8, 4, rng),
+    "isolated": lambda rng: isolated_node_graph(),
+}
+
+
+def interleave_graph(graph):
+    # (with this seed the walk graphs have chains that conflict in each of the
+    # three ways of _interleave: the tests fail when any check is dropped)
+    return INTERLEAVE_GRAPHS[graph](np.random.default_rng(zlib.crc32(b"walks")))
+
+
+def conflict(sched, slot_edge, a, b):
+    """Whether schedule steps ``a`` and ``b`` share a resource that one of them
+    writes, by the definition: a step reads the sender's slots and writes its
+    target slot, its sender and its edge (those the reverse sweeps accumulate
+    into)."""
+
+    def resources(st):
+        t, _, lo, hi, u = (int(x) for x in sched[st])
+        return {("slot", k) for k in range(lo, hi)}, {("slot", t), ("node", u), ("edge", int(slot_edge[t]))}
+
+    (reads_a, writes_a), (reads_b, writes_b) = resources(a), resources(b)
+    return bool(writes_a & (reads_b | writes_b) or writes_b & reads_a)
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("graph", sorted(INTERLEAVE_GRAPHS))
+def test_interleaved_order_keeps_every_conflicting_pair_in_order(graph, width):
+    n, edges = interleave_graph(graph)
+    _, slot_edge, slot_side, _, sched, canonical, _, _ = trw._schedule(n, edges, np.full(len(edges), 0.5), False)
+    np.testing.assert_array_equal(canonical, np.arange(len(sched)))
+    order = np.empty_like(canonical)
+    trw._interleave(sched, edges, slot_edge, slot_side, n, width, order)
+    np.testing.assert_array_equal(np.sort(order), canonical)  # a permutation
+    position = np.argsort(order)
+    for a in range(len(sched)):
+        for b in range(a + 1, len(sched)):
+            if conflict(sched, slot_edge, a, b):
+                assert position[a] < position[b], (a, b)
+    if graph in ("grid4x5", "grid5x3", "walks3"):
+        assert not np.array_equal(order, canonical)  # something was interleaved
+
+
+def everything(edges, unary, pairwise, rho, n_iter):
+    """Forward state, gradients (truncated for a fixed ``n_iter``, fixed point
+    otherwise) and log partition."""
+    rng = np.random.default_rng(0)
+    g_mu, g_mu2 = rng.normal(size=unary.shape), rng.normal(size=pairwise.shape)
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, max_iter=300, keep_stack=n_iter is not None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # non-convergence and floored messages are fine here
+        grads = trw_backward(state, g_mu, g_mu2, mode="fixed_point" if n_iter is None else "truncated", max_iter=300)
+        log_z = infer(edges, unary, pairwise, n_iter=n_iter, max_iter=300, rho=rho).log_partition
+    return {
+        "unary": state.unary_marginals, "pairwise": state.pairwise_marginals, "messages": state.messages,
+        "stack": state.stack, "n_fallback": state.n_fallback, "n_iter": state.n_iter, "converged": state.converged,
+        "grad_unary": grads[0], "grad_pairwise": grads[1], "log_partition": log_z,
+    }
+
+
+def assert_interleaving_changes_nothing(monkeypatch, *args):
+    interleaved = everything(*args)
+    monkeypatch.setattr(trw, "_INTERLEAVE", False)
+    canonical = everything(*args)
+    for key, value in interleaved.items():
+        if value is None:
+            assert canonical[key] is None, key
+        else:
+            a, b = np.asarray(value), np.asarray(canonical[key])
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), key  # bitwise
+    return interleaved
+
+
+@pytest.mark.parametrize("n_iter", [4, None])
+@pytest.mark.parametrize("rho_kind", ["0.5", "1", "random"])
+@pytest.mark.parametrize("K", [2, 3])  # (K = 3 runs in canonical order either way)
+@pytest.mark.parametrize("graph", sorted(INTERLEAVE_GRAPHS))
+def test_interleaved_order_gives_bitwise_identical_results(monkeypatch, graph, K, rho_kind, n_iter):
+    rng = np.random.default_rng(zlib.crc32(repr((graph, K, rho_kind, n_iter)).encode()))
+    n, edges = interleave_graph(graph)
+    unary, pairwise = random_model(edges, n, K, rng)
+    assert_interleaving_changes_nothing(monkeypatch, edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter)
+
+
+@pytest.mark.parametrize("n_iter", [5, None])
+@pytest.mark.parametrize("rho_kind", ["0.5", "1", "random"])
+def test_interleaved_order_gives_bitwise_identical_results_with_fallback(monkeypatch, rho_kind, n_iter):
+    rng = np.random.default_rng(zlib.crc32(repr((rho_kind, n_iter, "fallback")).encode()))
+    edges = grid_edges(4, 5)
+    unary, pairwise = random_model(edges, 20, 2, rng, scale=1e3)
+    result = assert_interleaving_changes_nothing(
+        monkeypatch, edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter
+    )
+    assert result["n_fallback"] > 0
