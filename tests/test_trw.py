@@ -516,12 +516,12 @@ def assert_interleaving_changes_nothing(monkeypatch, *args):
 
 @pytest.mark.parametrize("n_iter", [4, None])
 @pytest.mark.parametrize("rho_kind", ["0.5", "1", "random"])
-@pytest.mark.parametrize("K", [2, 3])  # (K = 3 runs in canonical order either way)
 @pytest.mark.parametrize("graph", sorted(INTERLEAVE_GRAPHS))
-def test_interleaved_order_gives_bitwise_identical_results(monkeypatch, graph, K, rho_kind, n_iter):
-    rng = np.random.default_rng(zlib.crc32(repr((graph, K, rho_kind, n_iter)).encode()))
+def test_interleaved_order_gives_bitwise_identical_results(monkeypatch, graph, rho_kind, n_iter):
+    # K = 2 only: the other kernels run in canonical order either way
+    rng = np.random.default_rng(zlib.crc32(repr((graph, 2, rho_kind, n_iter)).encode()))
     n, edges = interleave_graph(graph)
-    unary, pairwise = random_model(edges, n, K, rng)
+    unary, pairwise = random_model(edges, n, 2, rng)
     assert_interleaving_changes_nothing(monkeypatch, edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter)
 
 
