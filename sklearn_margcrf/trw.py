@@ -169,6 +169,17 @@ def _live(value, inv_message):
     return value if inv_message < _IM_FLOORED else 0.0
 
 
+@njit(cache=True, inline="always")
+def _slot_rho(rho_mode, rho_slot, k):
+    """``rho_slot[k]``, as a constant for the uniform classes: that spares the
+    reverse sweeps one memory stream (about 5% of a K = 2 reverse sweep)."""
+    if rho_mode == _RHO_HALF:
+        return 0.5
+    if rho_mode == _RHO_ONE:
+        return 1.0
+    return rho_slot[k]
+
+
 # ---------------------------------------------------------------------------
 # setup: tables in schedule order
 # ---------------------------------------------------------------------------
@@ -559,8 +570,9 @@ def _reverse_sweep_k2(
         g_u[u, 1] += h1
         # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
         for k in range(lo, hi):
-            Madj[k, 0] += _live(rho_slot[k] * h0 * IM[k, 0], IM[k, 0])
-            Madj[k, 1] += _live(rho_slot[k] * h1 * IM[k, 1], IM[k, 1])
+            rk = _slot_rho(rho_mode, rho_slot, k)
+            Madj[k, 0] += _live(rk * h0 * IM[k, 0], IM[k, 0])
+            Madj[k, 1] += _live(rk * h1 * IM[k, 1], IM[k, 1])
         Madj[r, 0] -= _live(h0 * IM[r, 0], IM[r, 0])
         Madj[r, 1] -= _live(h1 * IM[r, 1], IM[r, 1])
         # (f) pull m_ci from the stack
@@ -650,7 +662,7 @@ def _reverse_sweep_kk(
             g_u[u, x] += h[x]
         # (e)
         for k in range(lo, hi):
-            rk = rho_slot[k]
+            rk = _slot_rho(rho_mode, rho_slot, k)
             for x in range(K):
                 Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x])
         for x in range(K):
