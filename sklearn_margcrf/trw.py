@@ -172,7 +172,7 @@ def _live(value, inv_message):
 @njit(cache=True, inline="always")
 def _slot_rho(rho_mode, rho_slot, k):
     """``rho_slot[k]``, as a constant for the uniform classes: that spares the
-    reverse sweeps one memory stream (about 5% of a K = 2 reverse sweep)."""
+    reverse sweeps one memory stream (3-5% of a K = 2 backward pass)."""
     if rho_mode == _RHO_HALF:
         return 0.5
     if rho_mode == _RHO_ONE:
