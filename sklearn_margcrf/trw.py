@@ -150,9 +150,9 @@ _SPECIALISE_K2 = True
 
 # Run the K = 2 forward sweeps in interleaved order (tests switch this off to
 # compare with the canonical order), merging this many chains at the most
-# (sweep time on a 200 x 300 grid, 10 iterations, measured beside another
-# job: 0.88, 0.92, 1.0 of the canonical order's for 2, 3, 4 chains; more
-# chains, more memory streams).
+# (forward pass on a 232 x 315 grid, 20 iterations, idle machine: 102-106,
+# 115-118 and 128-129 ms for 2, 3 and 4 chains; more chains, more memory
+# streams).
 _INTERLEAVE = True
 _INTERLEAVE_WIDTH = 2
 
