@@ -1,5 +1,6 @@
 """Tests of MarginalCRF: scikit-learn citizenship, learning, parallelism, bad input."""
 
+import platform
 import re
 import sys
 import warnings
@@ -817,7 +818,7 @@ def test_only_process_workers_keep_freed_memory(backend, tuned):
     assert not estimator_module._allocator_tuned  # this process is left alone
 
 
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="tunes glibc's allocator")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's allocator")
 def test_workers_reuse_the_memory_of_the_previous_image():
     """Without ``_keep_freed_memory`` glibc returns the scratch arrays of a
     232 x 315 image's gradient to the system and faults about 10,000 pages
