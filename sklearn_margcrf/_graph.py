@@ -21,6 +21,20 @@ import numpy as np
 __all__ = ["Incidence", "grid_edges", "incidence", "validate_model"]
 
 
+def check_shape(shape, name, minimum=1):
+    """``shape`` as a pair of Python ints >= ``minimum`` (numpy integers
+    pass, floats and bools do not), else ValueError naming ``name``."""
+    try:
+        values = tuple(shape)
+    except TypeError:
+        values = ()
+    if len(values) != 2 or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) and v >= minimum for v in values
+    ):
+        raise ValueError(f"{name} must be a pair of integers >= {minimum} (height, width), got {shape!r}")
+    return int(values[0]), int(values[1])
+
+
 def grid_edges(height, width):
     """Edges of the 4-connected ``height`` x ``width`` grid, pixels numbered
     in row-major (C) order.
@@ -32,11 +46,7 @@ def grid_edges(height, width):
     -------
     edges : ndarray of shape (H*(W-1) + (H-1)*W, 2), int64
     """
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (height, width)):
-        raise ValueError(f"grid shape must be two integers, got ({height!r}, {width!r})")
-    height, width = int(height), int(width)
-    if height < 1 or width < 1:
-        raise ValueError(f"grid shape must be positive, got ({height}, {width})")
+    height, width = check_shape((height, width), "grid shape")
     index = np.arange(height * width, dtype=np.int64).reshape(height, width)
     horizontal = np.stack([index[:, :-1].ravel(), index[:, 1:].ravel()], axis=1)
     vertical = np.stack([index[:-1, :].ravel(), index[1:, :].ravel()], axis=1)
@@ -78,6 +88,8 @@ def _as_float_array(value, name, ndim, keep_float32=False):
     with ``keep_float32``: features stored in single precision halve the
     memory of large data sets; the model's arithmetic stays in float64)."""
     dtype = np.float32 if keep_float32 and getattr(value, "dtype", None) == np.float32 else np.float64
+    if np.iscomplexobj(value):
+        raise TypeError(f"{name} must be an array of real numbers, got complex values")
     try:
         array = np.asarray(value, dtype=dtype)
     except (TypeError, ValueError) as exc:
@@ -128,7 +140,7 @@ def validate_edges(edges, n_nodes):
             "(an empty (0, 2) array for a graph without edges)"
         )
     edges = np.asarray(edges)
-    if edges.size == 0:
+    if edges.size == 0 and (edges.ndim == 1 or edges.shape in ((0, 2), (0, 0))):
         return np.zeros((0, 2), dtype=np.int64)
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise ValueError(f"edges must have shape (E, 2), got {edges.shape}")
@@ -137,12 +149,15 @@ def validate_edges(edges, n_nodes):
             pass
         else:
             raise ValueError(f"edges must hold integer node indices, got dtype {edges.dtype}")
-    edges = np.ascontiguousarray(edges, dtype=np.int64)
-    if edges.min() < 0 or edges.max() >= n_nodes:
+    # range check in the input's own dtype: a cast first would wrap uint64 and
+    # huge floats around to negative numbers
+    low, high = edges.min(), edges.max()
+    if low < 0 or high >= n_nodes:
         raise ValueError(
-            f"edges refer to node indices in [{edges.min()}, {edges.max()}] "
+            f"edges refer to node indices in [{low}, {high}] "
             f"but there are only {n_nodes} nodes (valid: 0 .. {n_nodes - 1})"
         )
+    edges = np.ascontiguousarray(edges, dtype=np.int64)
     if np.any(edges[:, 0] == edges[:, 1]):
         bad = int(np.flatnonzero(edges[:, 0] == edges[:, 1])[0])
         raise ValueError(f"edges contain a self-loop: edge {bad} joins node {edges[bad, 0]} to itself")
@@ -166,8 +181,7 @@ def validate_model(edges, unary, pairwise):
         raise ValueError(f"need at least K = 2 labels, unary has {n_states} column(s)")
     edges = validate_edges(edges, n_nodes)
     n_edges = edges.shape[0]
-    pairwise = np.asarray(pairwise, dtype=np.float64) if pairwise is not None else None
-    if pairwise is None or (pairwise.size == 0 and n_edges == 0):
+    if pairwise is None or (n_edges == 0 and np.size(pairwise) == 0):
         pairwise = np.zeros((n_edges, n_states, n_states))
     pairwise = _as_float_array(pairwise, "pairwise", 3)
     if pairwise.shape != (n_edges, n_states, n_states):

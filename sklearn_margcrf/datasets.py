@@ -30,12 +30,15 @@ A missing data set raises :class:`FileNotFoundError` saying where it was
 looked for and where to download it.
 """
 
+import numbers
 import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 from sklearn.utils import Bunch, check_random_state
+
+from ._graph import check_shape
 
 __all__ = [
     "get_data_home",
@@ -134,9 +137,21 @@ def _check_subset(subset):
         raise ValueError(f"subset must be 'all', 'train' or 'test', got {subset!r}")
 
 
+def _check_count(value, name, minimum=0):
+    """``value`` as an int >= ``minimum`` (whole floats pass), else ValueError."""
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or not float(value).is_integer()
+        or value < minimum
+    ):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def _check_max_images(max_images):
-    if max_images is not None and (isinstance(max_images, bool) or int(max_images) != max_images or max_images < 0):
-        raise ValueError(f"max_images must be None or a non-negative integer, got {max_images!r}")
+    if max_images is not None:
+        _check_count(max_images, "max_images")
 
 
 def _select(all_ids, ids, max_images):
@@ -167,6 +182,12 @@ def _is_horses(folder):
     return (folder / "rgb").is_dir() and (folder / "figure_ground").is_dir()
 
 
+def _check_threshold(threshold):
+    # the masks are 8-bit: outside (0, 255] every pixel gets the same label
+    if isinstance(threshold, (bool, np.bool_)) or not isinstance(threshold, numbers.Real) or not 0 < threshold <= 255:
+        raise ValueError(f"threshold must be a number in (0, 255] (the masks are 8-bit), got {threshold!r}")
+
+
 def read_horse(rgb_path, mask_path, threshold=128):
     """One horse: the colour image resized to its mask's size, and the mask.
 
@@ -182,6 +203,7 @@ def read_horse(rgb_path, mask_path, threshold=128):
     from skimage.transform import resize
     from skimage.util import img_as_ubyte
 
+    _check_threshold(threshold)
     mask = _imread(mask_path)
     if mask.ndim == 3:
         mask = mask[..., 0]
@@ -267,6 +289,8 @@ def load_horses(
         If the data set is not found; the message says where to get it.
     """
     _check_subset(subset)
+    n_train = _check_count(n_train, "n_train")
+    _check_threshold(threshold)
     folder = _find_dataset(
         path,
         data_home,
@@ -277,6 +301,8 @@ def load_horses(
         "rgb/horseNNN.jpg and figure_ground/horseNNN.jpg",
     )
     all_ids = sorted(p.stem for p in (folder / "figure_ground").glob("*.jpg"))
+    if not all_ids:
+        raise FileNotFoundError(f"no figure_ground/*.jpg in {folder}; download {HORSES_URL}")
     split = {i: ("train" if k < n_train else "test") for k, i in enumerate(all_ids)}
     chosen = [i for i in all_ids if subset == "all" or split[i] == subset]
     chosen = _select(chosen, ids, max_images)
@@ -373,6 +399,7 @@ def load_stanford_background(
     """
     from sklearn.model_selection import KFold
 
+    n_folds = _check_count(n_folds, "n_folds", minimum=1)
     folder = _find_dataset(
         path,
         data_home,
@@ -442,9 +469,11 @@ def binary_noise(labels, noise=1.25, random_state=None):
     -------
     y : float64 array shaped like ``labels``, in [0, 1]
     """
-    if not noise > 0:
+    if isinstance(noise, (bool, np.bool_)) or not isinstance(noise, numbers.Real) or not 0 < noise < np.inf:
         raise ValueError(f"noise must be a positive number (the paper's n > 1), got {noise!r}")
     x = np.asarray(labels, dtype=np.float64)
+    if not np.all((x == 0) | (x == 1)):
+        raise ValueError("labels must be a binary image of 0s and 1s (NaN or other values found)")
     if isinstance(random_state, np.random.Generator):
         t = random_state.uniform(size=x.shape)
     else:
@@ -547,9 +576,8 @@ def load_bsds_denoising(
         ``train_index``, ``test_index``, ``noise`` and ``DESCR``.
     (images, labels) : tuple if ``return_X_y``
     """
-    for name, value in (("n_train", n_train), ("n_test", n_test)):
-        if isinstance(value, bool) or int(value) != value or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    n_train, n_test = _check_count(n_train, "n_train"), _check_count(n_test, "n_test")
+    shape = check_shape(shape, "shape")
     folder = _find_dataset(
         path,
         data_home,
@@ -624,11 +652,8 @@ def make_denoising_problem(
     """
     from skimage.draw import random_shapes
 
-    if isinstance(n_images, bool) or int(n_images) != n_images or n_images < 0:
-        raise ValueError(f"n_images must be a non-negative integer, got {n_images!r}")
-    height, width = (int(s) for s in shape)
-    if height < 4 or width < 4:
-        raise ValueError(f"shape must be at least (4, 4), got {shape!r}")
+    n_images = _check_count(n_images, "n_images")
+    height, width = check_shape(shape, "shape", minimum=4)
     rng = check_random_state(random_state)
     smaller = min(height, width)
     min_size = max(2, smaller // 5)

@@ -26,6 +26,7 @@ still holds. Rules:
 """
 
 import hashlib
+import numbers
 from collections import OrderedDict
 
 import numpy as np
@@ -33,6 +34,8 @@ from numba import njit
 from scipy import linalg
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+
+from ._graph import validate_edges
 
 __all__ = ["edge_appearance_probabilities", "RHO_RULES", "MAX_DENSE_NODES"]
 
@@ -137,7 +140,7 @@ def edge_appearance_probabilities(n_nodes, edges, rule="auto"):
     Parameters
     ----------
     n_nodes : int
-    edges : (E, 2) int64 array (validated)
+    edges : (E, 2) array of int node indices in [0, n_nodes), no self-loops
     rule : {"auto", "uniform_spanning_tree", "forest_cover"}
 
     Returns
@@ -146,7 +149,11 @@ def edge_appearance_probabilities(n_nodes, edges, rule="auto"):
     """
     if rule not in RHO_RULES:
         raise ValueError(f"rho rule must be one of {RHO_RULES}, got {rule!r}")
-    edges = np.ascontiguousarray(edges, dtype=np.int64)
+    if isinstance(n_nodes, (bool, np.bool_)) or not isinstance(n_nodes, numbers.Integral) or n_nodes < 1:
+        raise ValueError(f"n_nodes must be a positive integer, got {n_nodes!r}")
+    n_nodes = int(n_nodes)
+    # the kernels below index without bounds checks: validate first
+    edges = validate_edges(edges, n_nodes)
     n_edges = edges.shape[0]
     if n_edges == 0:
         return np.ones(0)

@@ -52,8 +52,16 @@ from sklearn.utils.validation import check_is_fitted, check_random_state
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._linear import feature_scores, weight_gradient
 from .edge_appearance import RHO_RULES
-from .gradients import GRADIENT_MODES, INFERENCE_FREE_LOSSES, INFERENCE_METHODS, LOSSES, check_combination, loss_and_grad
-from .inference import infer
+from .gradients import (
+    GRADIENT_MODES,
+    INFERENCE_FREE_LOSSES,
+    INFERENCE_METHODS,
+    LOSSES,
+    MIN_MULTIPLIER,
+    check_combination,
+    loss_and_grad,
+)
+from .inference import MIN_RHO, infer
 from .sample import as_sample, labels_to_grid, marginals_to_image
 
 __all__ = ["MarginalCRF"]
@@ -296,6 +304,14 @@ def _theta(node_features, edge_features, unary_coef, pairwise_coef):
     n_states = unary_coef.shape[0]
     unary = feature_scores(node_features, unary_coef)
     pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
+    # The features were checked finite in fit / predict; what can still
+    # overflow is the product with the weights, and the user never passed a
+    # "unary", so say which it is.
+    if not (np.isfinite(unary.sum()) and np.isfinite(pairwise.sum())):
+        raise FloatingPointError(
+            "the potentials theta_i = F u_i or theta_ij = G v_ij of an image overflowed (non-finite values): "
+            "the features are too large for the weights; rescale the features (e.g. StandardScaler) or raise reg"
+        )
     return unary, pairwise.reshape(-1, n_states, n_states)
 
 
@@ -666,7 +682,8 @@ class MarginalCRF(BaseEstimator):
     sides : {1, 2, 4}, default=2
         Finite differences of the perturbation gradient mode.
     multiplier : float, default=1.0
-        Step multiplier of the perturbation gradient mode.
+        Step multiplier of the perturbation gradient mode, at least
+        ``eps**(2/3)`` (about 3.7e-11; a smaller step rounds away).
     inference_max_iter : int, default=1000
         Iteration cap of inference run to ``tol``.
     lbfgs_tol : float, default=1e-6
@@ -737,7 +754,7 @@ class MarginalCRF(BaseEstimator):
         "gradient_mode": [StrOptions(set(GRADIENT_MODES))],
         "n_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0, None, closed="neither")],
-        "rho": [None, Interval(Real, 0, None, closed="neither"), StrOptions(set(RHO_RULES))],
+        "rho": [None, Interval(Real, MIN_RHO, None, closed="left"), StrOptions(set(RHO_RULES))],
         "alpha": [Interval(Real, 0, None, closed="neither")],
         "reg": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
@@ -748,7 +765,7 @@ class MarginalCRF(BaseEstimator):
         "warm_start": ["boolean"],
         "random_state": ["random_state"],
         "sides": [Options(Integral, {1, 2, 4})],
-        "multiplier": [Interval(Real, 0, None, closed="neither")],
+        "multiplier": [Interval(Real, MIN_MULTIPLIER, None, closed="left")],
         "inference_max_iter": [Interval(Integral, 1, None, closed="left")],
         "lbfgs_tol": [Interval(Real, 0, None, closed="left")],
         "max_restarts": [Interval(Integral, 0, None, closed="left")],

@@ -208,6 +208,9 @@ def binary_vectors(n_dims):
     )
 
 
+_MAX_FOURIER_DIMS = 16  # 2 * 2**16 features per row already
+
+
 def fourier_features(s, scale=np.pi):
     """Sinusoidal expansion: ``[cos(scale * c.s) for all c] + [sin(scale * c.s) for all c]``.
 
@@ -232,6 +235,11 @@ def fourier_features(s, scale=np.pi):
     s = np.asarray(s, dtype=np.float64)
     if s.ndim != 2:
         raise ValueError(f"s must be a 2-D array (n, d), got shape {s.shape}")
+    if s.shape[1] > _MAX_FOURIER_DIMS:
+        raise ValueError(
+            f"s has d = {s.shape[1]} base features, which would give 2 * 2**{s.shape[1]} features per row; "
+            f"at most d = {_MAX_FOURIER_DIMS} is supported (was s given transposed, as (d, n)?)"
+        )
     angles = scale * (s @ binary_vectors(s.shape[1]).T)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
 

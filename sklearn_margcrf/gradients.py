@@ -37,6 +37,7 @@ import warnings
 import numpy as np
 
 from ._graph import _as_labels, check_positive, validate_model
+from .edge_appearance import RHO_RULES
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
@@ -49,6 +50,11 @@ INFERENCE_FREE_LOSSES = ("pseudolikelihood", "piecewise")
 LOSSES = MARGINAL_LOSSES + LIKELIHOOD_LOSSES + INFERENCE_FREE_LOSSES
 GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
 SIDES = (1, 2, 4)
+#: The smallest perturbation multiplier m: the largest step component,
+#: r * ||dQ/dmu||_inf = m * eps**(1/3) * (1 + ||theta||_inf), must reach
+#: eps * (1 + ||theta||_inf), or theta +- r dQ/dmu may round back to theta
+#: and the "gradient" come out exactly zero.
+MIN_MULTIPLIER = np.finfo(np.float64).eps ** (2.0 / 3.0)
 MAX_FALLBACK_STACK_BYTES = 2 * 2**30  # memory the backprop fallback may use for its stack
 
 
@@ -331,7 +337,8 @@ def loss_and_grad(
     sides : {1, 2, 4}, default=2
         Finite differences of the perturbation mode.
     multiplier : float, default=1.0
-        Step multiplier m of the perturbation mode.
+        Step multiplier m of the perturbation mode, at least
+        ``eps**(2/3)`` (about 3.7e-11; a smaller step rounds away).
 
     Returns
     -------
@@ -349,14 +356,23 @@ def loss_and_grad(
     if sides not in SIDES or isinstance(sides, bool):
         raise ValueError(f"sides must be one of {SIDES}, got {sides!r}")
     multiplier = check_positive(multiplier, "multiplier")
+    if multiplier < MIN_MULTIPLIER:
+        raise ValueError(
+            f"multiplier must be at least eps**(2/3) = {MIN_MULTIPLIER:.3g}, got {multiplier!r}: a smaller "
+            "perturbation step rounds away in float64 and gives a zero gradient"
+        )
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
     if gradient_mode == "truncated" and n_iter is None:
         raise ValueError("gradient_mode='truncated' needs an integer n_iter (the number of iterations to differentiate)")
 
-    if loss == "pseudolikelihood":
-        return pseudolikelihood(edges, unary, pairwise, labels)
-    if loss == "piecewise":
-        return piecewise(edges, unary, pairwise, labels)
+    if loss in INFERENCE_FREE_LOSSES:
+        # No inference runs, but a bad rho is still an error. A rule name for
+        # TRW is only checked by name: resolving it can cost a spanning-tree
+        # computation.
+        method = check_method(inference)
+        if rho is not None and not (method == "trw" and isinstance(rho, str) and rho in RHO_RULES):
+            resolve_rho(rho, method, n_nodes, edges)
+        return (pseudolikelihood if loss == "pseudolikelihood" else piecewise)(edges, unary, pairwise, labels)
 
     rho = resolve_rho(rho, check_method(inference), n_nodes, edges)
     problem = _Problem(edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, int(sides), multiplier)

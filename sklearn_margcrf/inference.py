@@ -28,6 +28,7 @@ from .entropy import mean_field_entropy, trw_entropy
 __all__ = ["infer", "InferenceResult", "METHODS"]
 
 METHODS = ("trw", "lbp", "mean_field", "exact")
+MIN_RHO = np.finfo(np.float64).tiny  # below it (subnormal) 1 / rho overflows to inf and TRW returns NaN
 
 
 @dataclass
@@ -83,6 +84,8 @@ def resolve_rho(rho, method, n_nodes, edges):
         value = float(rho)
         if not np.isfinite(value) or value <= 0:
             raise ValueError(f"rho must be positive and finite, got {rho!r}")
+        if value < MIN_RHO:
+            raise ValueError(f"rho must be at least {MIN_RHO:g} (1 / rho must be finite), got {rho!r}")
         return np.full(n_edges, value)
     try:
         array = np.asarray(rho, dtype=np.float64)
@@ -92,6 +95,8 @@ def resolve_rho(rho, method, n_nodes, edges):
         raise ValueError(f"rho must have one entry per edge, shape ({n_edges},), got shape {array.shape}")
     if not np.all(np.isfinite(array)) or np.any(array <= 0):
         raise ValueError("rho must be positive and finite for every edge (rho <= 0, NaN or inf found)")
+    if np.any(array < MIN_RHO):
+        raise ValueError(f"rho must be at least {MIN_RHO:g} for every edge (1 / rho must be finite), got {array.min()!r}")
     return np.ascontiguousarray(array)
 
 

@@ -15,6 +15,8 @@ a 3-tuple, so ``nf, e, ef = sample`` works) carrying two optional shapes:
 import numpy as np
 from scipy import ndimage
 
+from ._graph import check_shape
+
 __all__ = ["CRFSample", "labels_to_grid", "marginals_to_image", "as_sample"]
 
 
@@ -23,11 +25,11 @@ class CRFSample(tuple):
 
     def __new__(cls, node_features, edges, edge_features, grid_shape=None, image_shape=None):
         self = super().__new__(cls, (node_features, edges, edge_features))
-        self.grid_shape = None if grid_shape is None else tuple(int(s) for s in grid_shape)
-        self.image_shape = None if image_shape is None else tuple(int(s) for s in image_shape)
+        self.grid_shape = None if grid_shape is None else check_shape(grid_shape, "grid_shape")
+        self.image_shape = None if image_shape is None else check_shape(image_shape, "image_shape")
         if self.grid_shape is not None:
             n_nodes = np.shape(node_features)[0]
-            if len(self.grid_shape) != 2 or self.grid_shape[0] * self.grid_shape[1] != n_nodes:
+            if self.grid_shape[0] * self.grid_shape[1] != n_nodes:
                 raise ValueError(
                     f"grid_shape {self.grid_shape} does not match {n_nodes} nodes"
                 )

@@ -273,3 +273,64 @@ def test_make_denoising_problem():
     assert np.mean([(y > 0.5) != x for y, x in zip(images, labels)]) > 0.35
     with pytest.raises(ValueError, match="n_images"):
         make_denoising_problem(-1)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(n_train=-1), "n_train must be an integer >= 0"),
+        (dict(n_train=1.5), "n_train must be an integer >= 0"),
+        (dict(n_train="a"), "n_train must be an integer >= 0"),
+        (dict(max_images="a"), "max_images must be an integer >= 0"),
+        (dict(threshold=0), "threshold must be a number in"),
+        (dict(threshold=1000), "threshold must be a number in"),
+        (dict(threshold="a"), "threshold must be a number in"),
+    ],
+)
+def test_horses_bad_arguments(horses_dir, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        load_horses(horses_dir, **kwargs)
+
+
+def test_horses_folder_without_masks_is_not_an_empty_data_set(tmp_path):
+    (tmp_path / "horses" / "rgb").mkdir(parents=True)
+    (tmp_path / "horses" / "figure_ground").mkdir()
+    with pytest.raises(FileNotFoundError, match="no figure_ground"):
+        load_horses(tmp_path / "horses")
+
+
+@pytest.mark.parametrize("n_folds", [0, -3, 2.5])
+def test_stanford_bad_fold_count(stanford_dir, n_folds):
+    with pytest.raises(ValueError, match="n_folds must be an integer >= 1"):
+        load_stanford_background(stanford_dir, n_folds=n_folds)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(shape=(0, 5)), "shape must be a pair of integers >= 1"),
+        (dict(shape=(10, 20, 30)), r"shape must be a pair"),
+        (dict(n_test=-2), "n_test must be an integer >= 0"),
+    ],
+)
+def test_bsds_bad_arguments(bsds_dir, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        load_bsds_denoising(bsds_dir, **kwargs)
+
+
+@pytest.mark.parametrize("labels", [[0, 1, 2], [0, -1, 1], [0.0, np.nan, 1.0]])
+def test_binary_noise_needs_binary_labels(labels):
+    with pytest.raises(ValueError, match="binary image of 0s and 1s"):
+        binary_noise(np.array(labels), 1.5, 0)
+
+
+@pytest.mark.parametrize("noise", ["a", np.inf, np.nan, True])
+def test_binary_noise_level_must_be_a_positive_number(noise):
+    with pytest.raises(ValueError, match="noise must be a positive number"):
+        binary_noise(np.array([0, 1]), noise, 0)
+
+
+@pytest.mark.parametrize("shape", [(3, 40), (30, 2.5), (30,)])
+def test_make_denoising_problem_bad_shape(shape):
+    with pytest.raises(ValueError, match="shape must be"):
+        make_denoising_problem(1, shape=shape)

@@ -610,11 +610,49 @@ def test_unsupported_combination_fails_before_any_work(data, monkeypatch, params
         MarginalCRF(**params).fit(X, y)
 
 
-@pytest.mark.parametrize("params", [dict(n_iter=-1), dict(tol=0), dict(reg=-1.0), dict(alpha=0), dict(n_states=1), dict(sides=3), dict(rho=-0.5), dict(rho="nope")])
+@pytest.mark.parametrize("params", [dict(n_iter=-1), dict(tol=0), dict(reg=-1.0), dict(alpha=0), dict(n_states=1), dict(sides=3), dict(rho=-0.5), dict(rho="nope"),
+                                    dict(rho=5e-324), dict(multiplier=1e-12)])
 def test_bad_parameter_values(data, params):
     X, y = data
     with pytest.raises(ValueError, match=f"'{next(iter(params))}' parameter"):
         MarginalCRF(**params).fit(X, y)
+
+
+def test_overflowing_potentials_name_the_features_not_a_unary(data):
+    # finite features whose products with the weights overflow: the error
+    # must speak of the features and weights the user gave
+    X, y = data
+    huge = [CRFSample(s[0] * 1e160, s[1], s[2] * 1e160, grid_shape=getattr(s, "grid_shape", None)) for s in X]
+    with pytest.raises(FloatingPointError, match="overflowed.*rescale the features"):
+        MarginalCRF(n_iter=2, max_iter=3, init="zeros").fit(huge, y)
+
+
+def test_complex_features_are_refused(data):
+    X, y = data
+    bad = [CRFSample(s[0] + 1j, s[1], s[2]) for s in X]
+    with pytest.raises(TypeError, match="node_features must be an array of real numbers"):
+        MarginalCRF(n_iter=2, max_iter=1).fit(bad, y)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        dict(grid_shape=(-4, -4)),  # (-4) * (-4) is the node count all the same
+        dict(grid_shape=(4.9, 4.2)),
+        dict(grid_shape=(4, 4), image_shape=(0, 0)),
+        dict(grid_shape=(4, 4), image_shape=(-8, -8)),
+        dict(grid_shape=(4, 4), image_shape=(8, 8, 3)),
+    ],
+)
+def test_crf_sample_rejects_shapes_that_are_not_two_positive_integers(shapes):
+    with pytest.raises(ValueError, match="must be a pair of integers >= 1"):
+        CRFSample(np.ones((16, 2)), grid_edges(4, 4), np.ones((24, 1)), **shapes)
+
+
+def test_crf_sample_accepts_numpy_integer_shapes():
+    sample = CRFSample(np.ones((16, 2)), grid_edges(4, 4), np.ones((24, 1)),
+                       grid_shape=np.array([4, 4]), image_shape=(np.int32(8), 8))
+    assert sample.grid_shape == (4, 4) and sample.image_shape == (8, 8)
 
 
 def test_x_is_not_a_list_of_samples(data):

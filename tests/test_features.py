@@ -414,3 +414,9 @@ def test_uint8_images_are_scaled_by_255():
     image = np.array([[0, 255], [51, 102]], dtype=np.uint8)
     values = DenoisingFeatures().transform([image])[0].node_features[:, 1]
     np.testing.assert_allclose(values, [0.0, 1.0, 0.2, 0.4])
+
+
+def test_fourier_features_refuse_a_transposed_input_instead_of_exhausting_memory():
+    # (5, 1000) read as d = 1000 base features would ask for 2 * 2**1000 columns
+    with pytest.raises(ValueError, match="transposed"):
+        fourier_features(np.ones((5, 17)))

@@ -8,7 +8,7 @@ from reference import brute_force, joint_scores, random_model
 
 from sklearn_margcrf import grid_edges, infer, loss_and_grad
 from sklearn_margcrf.exceptions import BackpropDivergenceError, BackpropFallbackWarning
-from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, check_combination
+from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, MIN_MULTIPLIER, check_combination
 
 MARGINAL_AND_LIKELIHOOD = ["univariate_logistic", "clique_logistic", "univariate_quadratic", "smooth_classification", "surrogate_likelihood"]
 INFERENCES = ["trw", "lbp", "mean_field", "exact"]
@@ -166,12 +166,36 @@ def test_exact_surrogate_em_is_the_true_marginal_likelihood():
         (dict(labels=np.array(["a", "b", "c"])), "integer labels"),
         (dict(labels=np.array([0, 1])), "labels must have shape"),
         (dict(n_iter=None), "integer n_iter"),
+        (dict(multiplier=1e-12, gradient_mode="perturbation"), "multiplier must be at least"),
+        # no inference runs for these losses, but rho is still checked
+        (dict(loss="pseudolikelihood", rho=-1.0), "rho must be positive"),
+        (dict(loss="piecewise", rho="bogus"), "rho must be"),
+        (dict(loss="pseudolikelihood", inference="mean_field", rho=0.5), "rho applies"),
     ],
 )
 def test_bad_input(kwargs, match):
     labels = kwargs.pop("labels", np.array([0, 1, -1]))
     with pytest.raises(ValueError, match=match):
         loss_and_grad([[0, 1], [1, 2]], np.zeros((3, 2)), np.zeros((2, 2, 2)), labels, **kwargs)
+
+
+@pytest.mark.parametrize("which", ["unary", "pairwise"])
+def test_complex_potentials_are_refused_not_cast(which):
+    model = dict(unary=np.zeros((3, 2)), pairwise=np.zeros((2, 2, 2)))
+    model[which] = model[which] + 1j
+    with pytest.raises(TypeError, match=f"{which} must be an array of real numbers"):
+        loss_and_grad([[0, 1], [1, 2]], model["unary"], model["pairwise"], [0, 1, -1])
+
+
+@pytest.mark.parametrize("sides", [1, 2, 4])
+def test_smallest_multiplier_still_moves_theta(sides):
+    # At m = eps**(2/3) the largest step component is eps * (1 + ||theta||):
+    # the perturbed inference differs and the gradient is not exactly zero
+    # (below it, theta +- r g can round back to theta).
+    edges, unary, pairwise, labels = make_problem((2, 2), 7, n_states=2)
+    _, grad_unary, _ = loss_and_grad(edges, unary, pairwise, labels, inference="trw", gradient_mode="perturbation",
+                                     tol=1e-12, sides=sides, multiplier=MIN_MULTIPLIER)
+    assert np.all(np.isfinite(grad_unary)) and np.any(grad_unary != 0)
 
 
 def test_every_documented_loss_is_accepted():

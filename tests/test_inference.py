@@ -181,6 +181,14 @@ def test_trw_entropy_is_exact_entropy_on_trees():
         (dict(n_iter=2.5), "n_iter"),
         (dict(tol=0), "tol"),
         (dict(method="exact", n_iter=3), "not iterative"),
+        (dict(rho=5e-324), "rho must be at least"),  # subnormal: 1 / rho is inf
+        (dict(rho=np.array([5e-324])), "rho must be at least"),
+        # range checked before the cast to int64, which would wrap these around
+        (dict(edges=np.array([[0, 2**63]], dtype=np.uint64)), r"\[0, 9223372036854775808\]"),
+        (dict(edges=np.array([[0, 1e30]])), r"1e\+30"),
+        (dict(edges=np.array([[0, np.inf]])), "inf"),
+        (dict(edges=np.zeros((5, 0), dtype=np.int64)), r"shape \(E, 2\)"),
+        (dict(edges=np.zeros((0, 3), dtype=np.int64)), r"shape \(E, 2\)"),
     ],
 )
 def test_bad_input(kwargs, match):
@@ -189,6 +197,32 @@ def test_bad_input(kwargs, match):
     edges, unary, pairwise = args.pop("edges"), args.pop("unary"), args.pop("pairwise")
     with pytest.raises(ValueError, match=match):
         infer(edges, unary, pairwise, **args)
+
+
+@pytest.mark.parametrize("which", ["unary", "pairwise"])
+def test_complex_potentials_are_refused_not_cast(which):
+    model = dict(unary=np.zeros((2, 2)), pairwise=np.zeros((1, 2, 2)))
+    model[which] = model[which] + 1j
+    with pytest.raises(TypeError, match=f"{which} must be an array of real numbers"):
+        infer([[0, 1]], model["unary"], model["pairwise"])
+
+
+@pytest.mark.parametrize("rule", ["auto", "uniform_spanning_tree", "forest_cover"])
+@pytest.mark.parametrize(
+    "n_nodes,edges,match",
+    [
+        (3, [[0, -1]], "node indices"),
+        (3, [[0, 10**9]], "node indices"),  # the forest-cover kernel crashed on it
+        (3, [[0, 0], [0, 1]], "self-loop"),
+        (3, [[0, 1, 2]], "shape"),
+        (3, [[0, 1.5]], "integer"),
+        (0, [[0, 1]], "n_nodes"),
+        (2.0, [[0, 1]], "n_nodes"),
+    ],
+)
+def test_edge_appearance_probabilities_validates_its_input(rule, n_nodes, edges, match):
+    with pytest.raises(ValueError, match=match):
+        edge_appearance_probabilities(n_nodes, np.array(edges), rule)
 
 
 @pytest.mark.parametrize("shape", [(2.7, 3), (3, 2.0), (True, 3), ("2", 3), (0, 3)])
