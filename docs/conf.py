@@ -18,6 +18,15 @@ extensions = [
     "numpydoc",
 ]
 autosummary_generate = True
+# Module pages list, and link to pages of, the members each module exports
+# (its __all__); the templates give every class and function a page of its own.
+autosummary_ignore_module_all = False
+templates_path = ["_templates"]
+# Every cross-reference must resolve (so a renamed function breaks the build);
+# other projects' objects are not linked, since the build has no network for
+# intersphinx.
+nitpicky = True
+nitpick_ignore_regex = [(r"py:.*", r"(numpy|scipy|skimage|sklearn|joblib|dask|distributed)(\..*)?")]
 numpydoc_show_class_members = False
 numpydoc_validation_checks = set()
 exclude_patterns = ["_build", "architecture.md", "results/*.md"]

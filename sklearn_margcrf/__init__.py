@@ -1,7 +1,7 @@
 """sklearn_margcrf: conditional random fields learned with marginal-based losses
 under approximate inference (Domke, TPAMI 2013), scikit-learn compatible.
 
-Functional core: :func:`infer` (TRW, loopy BP, mean field, exact) and
+Functional core: :func:`~sklearn_margcrf.infer` (TRW, loopy BP, mean field, exact) and
 :func:`loss_and_grad` (every loss of the paper, differentiated four ways).
 Estimator: :class:`MarginalCRF`.
 """

@@ -11,9 +11,10 @@ its original format):
 - :func:`make_denoising_problem` -- a seeded synthetic denoising problem that
   needs no download (the README's demo and the tests use it).
 
-Each loader returns a :class:`sklearn.utils.Bunch` with ``images`` (list of
-arrays), ``labels`` (list of int64 arrays, -1 = hidden) and the split, or
-``(images, labels)`` with ``return_X_y=True``.
+Each ``load_*`` function returns a :class:`sklearn.utils.Bunch` with
+``images`` (list of arrays), ``labels`` (list of int64 arrays, -1 = hidden)
+and the split, or ``(images, labels)`` with ``return_X_y=True``;
+:func:`make_denoising_problem` always returns ``(images, labels)``.
 
 Where the data are looked for
 -----------------------------
@@ -246,7 +247,7 @@ def load_horses(
 
     Original data: E. Borenstein and S. Ullman, "Class-specific, top-down
     segmentation", ECCV 2002, once at http://www.msri.org/people/members/eranb/;
-    a mirror of the original files: :data:`HORSES_URL`. Layout: ``rgb/horseNNN.jpg``
+    a mirror of the original files: ``HORSES_URL``. Layout: ``rgb/horseNNN.jpg``
     (colour, at their original resolution) and ``figure_ground/horseNNN.jpg``
     (8-bit grey masks, smaller than the colour images), 328 images.
 
@@ -363,7 +364,7 @@ def load_stanford_background(
 
     Original data: S. Gould, R. Fulton, D. Koller, "Decomposing a Scene into
     Geometric and Semantically Consistent Regions", ICCV 2009; download
-    :data:`STANFORD_BACKGROUND_URL` (``iccv09Data/images/<id>.jpg``,
+    ``STANFORD_BACKGROUND_URL`` (``iccv09Data/images/<id>.jpg``,
     ``iccv09Data/labels/<id>.regions.txt``), 715 images of about 320 x 240.
 
     Parameters
@@ -461,7 +462,7 @@ def binary_noise(labels, noise=1.25, random_state=None):
     ----------
     labels : array of 0/1
         The true binary image x.
-    noise : float > 1, default=1.25
+    noise : float > 0, default=1.25
         Noise level n; lower is noisier (the paper uses 1.25, 1.5 and 5).
     random_state : int, RandomState, Generator or None
 
@@ -535,7 +536,7 @@ def load_bsds_denoising(
 
     Original data: D. Martin, C. Fowlkes, D. Tal, J. Malik, ICCV 2001
     (non-commercial research and educational use); download
-    :data:`BSDS300_URL`. Two layouts are read: ``images/<id>.jpg`` with
+    ``BSDS300_URL``. Two layouts are read: ``images/<id>.jpg`` with
     ``train.txt`` / ``val.txt`` id lists (the shared copy), or the original
     ``images/train/<id>.jpg``, ``images/test/<id>.jpg`` with
     ``iids_train.txt`` / ``iids_test.txt``.

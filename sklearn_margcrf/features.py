@@ -1,7 +1,7 @@
 """Image feature transformers: images -> :class:`~sklearn_margcrf.sample.CRFSample`.
 
 Each transformer maps a list of images, (H, W) grey or (H, W, 3) colour, to a
-list of samples on the 4-connected pixel grid of :func:`~sklearn_margcrf._graph.grid_edges`
+list of samples on the 4-connected pixel grid of :func:`~sklearn_margcrf.grid_edges`
 (pixels in row-major order, horizontal edges first, then vertical ones). They
 follow the paper's Sec. "Experiments" (Domke, TPAMI 2013):
 
@@ -19,9 +19,10 @@ follow the paper's Sec. "Experiments" (Domke, TPAMI 2013):
 
 Image values
 ------------
-Integer images are converted with :func:`skimage.util.img_as_float` (uint8 to
-[0, 1]); float images are used as they are and are expected in [0, 1] (the
-default thresholds assume this scale). Grey images given to the colour
+uint8 and uint16 images are converted with :func:`skimage.util.img_as_float`
+(to [0, 1]), boolean images to 0 / 1; other integer dtypes raise TypeError,
+since their scale is unknown. Float images are used as they are and are
+expected in [0, 1] (the default thresholds assume this scale). Grey images given to the colour
 transformers are replicated into three channels
 (:func:`skimage.color.gray2rgb`); colour images given to
 :class:`DenoisingFeatures` are converted with :func:`skimage.color.rgb2gray`.
@@ -304,7 +305,7 @@ def dense_hog(image, orientations=9, cell_size=8, block_size=2):
 
 
 def edge_orientation(grid_shape):
-    """0 for horizontal and 1 for vertical edges of :func:`grid_edges` (E,)."""
+    """0 for horizontal and 1 for vertical edges of :func:`~sklearn_margcrf.grid_edges` (E,)."""
     height, width = grid_shape
     n_horizontal = height * (width - 1)
     n_vertical = (height - 1) * width
@@ -352,7 +353,7 @@ def sobel_magnitude(image):
     each of these is twice the derivative (kernel ``[1, 2, 1]/4`` smoothing
     times ``[1, 0, -1]``), so the magnitude is ``hypot(sobel_h, sobel_v) / 2``,
     the scale of MATLAB's ``edge(I, 'sobel')`` gradients that Domke's
-    thresholds (:data:`SOBEL_THRESHOLDS`) refer to.
+    thresholds (``SOBEL_THRESHOLDS``) refer to.
     """
     from skimage.color import rgb2gray
     from skimage.filters import sobel_h, sobel_v

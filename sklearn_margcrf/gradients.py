@@ -331,7 +331,7 @@ def loss_and_grad(
     max_iter : int, default=1000
         Iteration cap of inference for the non-truncated modes.
     rho : float, (E,) array, rule name or None
-        TRW edge appearance probabilities, as for :func:`infer`.
+        TRW edge appearance probabilities, as for :func:`~sklearn_margcrf.infer`.
     alpha : float, default=15.0
         Slope of the smoothed classification loss (the paper uses 5, 15, 50).
     sides : {1, 2, 4}, default=2
@@ -362,7 +362,7 @@ def loss_and_grad(
             "perturbation step rounds away in float64 and gives a zero gradient"
         )
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
-    if gradient_mode == "truncated" and n_iter is None:
+    if gradient_mode == "truncated" and n_iter is None and loss not in INFERENCE_FREE_LOSSES:
         raise ValueError("gradient_mode='truncated' needs an integer n_iter (the number of iterations to differentiate)")
 
     if loss in INFERENCE_FREE_LOSSES:

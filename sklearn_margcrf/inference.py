@@ -33,7 +33,7 @@ MIN_RHO = np.finfo(np.float64).tiny  # below it (subnormal) 1 / rho overflows to
 
 @dataclass
 class InferenceResult:
-    """Marginals and log-partition estimate returned by :func:`infer`.
+    """Marginals and log-partition estimate returned by :func:`~sklearn_margcrf.infer`.
 
     Attributes
     ----------

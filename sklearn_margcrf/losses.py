@@ -161,7 +161,7 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     Parameters
     ----------
     name : str
-        One of :data:`MARGINAL_LOSSES`:
+        One of ``MARGINAL_LOSSES``:
 
         - ``"univariate_logistic"``: ``-sum_{i observed} log mu_i(x_i)``.
         - ``"clique_logistic"``: ``-sum_{(i,j) both observed} log mu_ij(x_i, x_j)``.
@@ -191,7 +191,7 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     Notes
     -----
     The gradients are with respect to the raw arrays (no normalisation is
-    assumed).  Logs are guarded by :data:`LOG_FLOOR`, see the module
+    assumed).  Logs are guarded by ``LOG_FLOOR``, see the module
     docstring.
     """
     if not isinstance(name, str) or name not in MARGINAL_LOSSES:
@@ -290,8 +290,7 @@ def pseudolikelihood(edges, unary, pairwise, labels):
 def piecewise(edges, unary, pairwise, labels):
     """Negative piecewise likelihood with one piece per node and per edge.
 
-    ``-( sum_i [theta_i(x_i) - logsumexp theta_i]
-        + sum_c [theta_c(x_c) - logsumexp theta_c] )``
+    ``-( sum_i [theta_i(x_i) - logsumexp theta_i] + sum_c [theta_c(x_c) - logsumexp theta_c] )``
     (paper, Sec. "Piecewise Likelihood").  Node terms run over observed nodes,
     edge terms over edges whose two ends are observed.  The gradient of every
     piece is ``softmax(theta_piece) - indicator(x_piece)``.

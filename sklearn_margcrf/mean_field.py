@@ -5,7 +5,7 @@ Model
 -----
 ``edges`` (E, 2) int64, ``unary`` (n, K) and ``pairwise`` (E, K, K) float64
 with ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for ``edges[e] = (i, j)``
-(see :mod:`sklearn_margcrf._graph`). Inputs are assumed validated by the
+(see ``sklearn_margcrf._graph``). Inputs are assumed validated by the
 caller; read-only arrays are accepted.
 
 Update and schedule

@@ -212,7 +212,7 @@ SCORERS = {
 
 
 def get_scorer(name):
-    """The structured scorer called ``name`` (one of :data:`SCORERS`)."""
+    """The structured scorer called ``name`` (one of ``SCORERS``)."""
     try:
         return SCORERS[name]
     except KeyError:

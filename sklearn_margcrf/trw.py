@@ -28,14 +28,14 @@ once, in this fixed order:
    ``edges[e, 0]`` (sent by ``edges[e, 1]``).
 
 Updates are sequential (Gauss-Seidel: each sees every message updated before
-it). On the row-major ordering of :func:`sklearn_margcrf._graph.grid_edges`
+it). On the row-major ordering of :func:`sklearn_margcrf.grid_edges`
 (horizontal edges row by row, then vertical edges) the forward sweep passes
 information rightwards along every row and then downwards along every column,
 and the backward sweep upwards and then leftwards, like the monotone-chain
 schedules of Meltzer et al.
 
 This order *defines* the schedule; the K = 2 forward kernel executes it in
-another one (:func:`_interleave`). Along an image row each update depends on
+another one (``_interleave``). Along an image row each update depends on
 the one just before it, so the rows' updates are alternated pairwise (the
 rows are independent), which lets the processor overlap them. Every two
 updates that touch a common message keep their order, so every update
@@ -89,8 +89,8 @@ exactly once per iteration we keep one snapshot of all messages per iteration,
 ``stack[t] = messages before iteration t`` (``n_iter * 2E * K`` floats, twice
 that when ``rho`` is neither all 1 nor all 0.5, where the powers ``m ** rho``
 are kept too so that the reverse pass needs no ``pow``). The reverse sweep
-kernels :func:`_reverse_sweep_k2` / :func:`_reverse_sweep_kk` follow step 8 of
-the Algorithm and :func:`_trw_backward_kernel` steps 6 and 7; comments give the
+kernels ``_reverse_sweep_k2`` / ``_reverse_sweep_kk`` follow step 8 of
+the Algorithm and ``_trw_backward_kernel`` steps 6 and 7; comments give the
 step numbers.
 
 ``trw_backward(mode="fixed_point")`` is the paper's "back-propagation" (Eaton
@@ -110,7 +110,7 @@ is general. The product over the sender's messages runs over its slots
 backwards, which on grid orderings multiplies the most recently updated
 message last (a shorter dependency chain between consecutive updates).
 Messages are stored internally in "slot" order: slot ``k`` of the incidence
-structure (:func:`sklearn_margcrf._graph.incidence`, node by node) holds the
+structure (``sklearn_margcrf._graph.incidence``, node by node) holds the
 message from edge ``incidence.edge[k]`` into its node, so the messages into a
 node are contiguous. The schedule is tabulated once per call (for each update:
 target slot, reverse slot, the sender's slot range and the sender), together
@@ -428,7 +428,7 @@ def _sweep_k2(
     sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q
 ):
     """One TRW iteration for K = 2 (scalar arithmetic), steps in the order
-    ``order`` (see :func:`_interleave`). Returns the number of log-domain
+    ``order`` (see ``_interleave``). Returns the number of log-domain
     fallbacks."""
     n_fallback = 0
     for p in range(order.shape[0]):
@@ -1031,6 +1031,10 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
         Exactly this many iterations, or (None) until the largest change of a
         unary marginal over one iteration is below ``tol`` (at most
         ``max_iter`` iterations).
+    tol : float, default=1e-6
+        Convergence threshold when ``n_iter`` is None.
+    max_iter : int, default=1000
+        Iteration cap when ``n_iter`` is None.
     keep_stack : bool
         Keep one snapshot of the messages per iteration for
         ``trw_backward(mode="truncated")``; needs an integer ``n_iter``.

@@ -2,12 +2,18 @@
 the issue that asked for it requires: a broken cross-reference, a malformed
 docstring or a bad indentation in a page fails the suite, not only the docs."""
 
+import inspect
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+import sklearn_margcrf.datasets
+import sklearn_margcrf.exceptions
+import sklearn_margcrf.features
+import sklearn_margcrf.metrics
 
 pytest.importorskip("sphinx", reason="building the docs needs sphinx (the test extra installs it)")
 pytest.importorskip("numpydoc", reason="building the docs needs numpydoc (the test extra installs it)")
@@ -27,3 +33,12 @@ def test_docs_build_without_warnings(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert (tmp_path / "html" / "user_guide.html").exists()
+    # every exported class and function of the public modules has a page of
+    # its own (with its parameters), not only a line in its module's table
+    generated = tmp_path / "html" / "generated"
+    for module in (sklearn_margcrf.datasets, sklearn_margcrf.features, sklearn_margcrf.metrics, sklearn_margcrf.exceptions):
+        for name in module.__all__:
+            if inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name)):
+                assert (generated / f"{module.__name__}.{name}.html").exists(), f"no API page for {module.__name__}.{name}"
+    estimator_page = (generated / "sklearn_margcrf.MarginalCRF.html").read_text()
+    assert "MarginalCRF.predict_proba" in estimator_page  # the methods are documented on it

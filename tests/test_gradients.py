@@ -198,6 +198,18 @@ def test_smallest_multiplier_still_moves_theta(sides):
     assert np.all(np.isfinite(grad_unary)) and np.any(grad_unary != 0)
 
 
+@pytest.mark.parametrize("loss", ["pseudolikelihood", "piecewise"])
+def test_inference_free_losses_ignore_the_iteration_count(loss):
+    # documented: these losses ignore inference and gradient_mode, so the
+    # truncated mode's need for an integer n_iter does not apply
+    edges, unary, pairwise, labels = make_problem((2, 3), 8, n_states=2)
+    expected = loss_and_grad(edges, unary, pairwise, labels, loss=loss, n_iter=5)
+    got = loss_and_grad(edges, unary, pairwise, labels, loss=loss, n_iter=None)
+    assert got[0] == expected[0]
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[2], expected[2])
+
+
 def test_every_documented_loss_is_accepted():
     edges, unary, pairwise, labels = make_problem((2, 2), 6, n_states=2)
     for loss in LOSSES:
