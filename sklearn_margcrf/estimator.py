@@ -26,19 +26,21 @@ A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
 """
 
 import ctypes
+import errno
 import functools
 import os
 import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
 import scipy.optimize
-from joblib import effective_n_jobs
+from joblib import Parallel, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
 from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, _fit_context
@@ -46,7 +48,6 @@ from threadpoolctl import threadpool_limits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import Bunch, ClassifierTags
 from sklearn.utils._param_validation import Interval, Options, StrOptions
-from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted, check_random_state
 
 from ._graph import _as_float_array, _as_labels, validate_edges
@@ -324,6 +325,19 @@ def _empty_model(n_states):
 _FIGURE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
+_DEFAULT_SHOW = getattr(warnings, "_showwarning_orig", warnings.showwarning)
+_recording = {"lock": threading.Lock(), "depth": 0, "context": None, "show": None, "logs": {}}
+
+
+def _show_or_record(message, category, filename, lineno, file=None, line=None):
+    """``warnings.showwarning`` while any :class:`_RecordedWarnings` is open."""
+    log = _recording["logs"].get(threading.get_ident())
+    if log is not None:
+        log.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+    else:
+        (_recording["show"] or _DEFAULT_SHOW)(message, category, filename, lineno, file, line)
+
+
 class _RecordedWarnings:
     """Record the warnings raised in a block (in a worker or in-process).
 
@@ -331,16 +345,42 @@ class _RecordedWarnings:
     with ``template`` the message's first line with its figures masked, and
     ``varied`` whether the figures differed; it pickles back to the caller,
     where :func:`_report_warnings` issues each template once.
+
+    Thread-safe: :class:`warnings.catch_warnings` changes process-wide state,
+    so blocks running at once in several threads (the threading backend,
+    Dask's threads) would restore each other's state, losing warnings and
+    leaving the process's warnings going to a dead list. Concurrent blocks
+    therefore share one ``catch_warnings``, entered by the first and left by
+    the last, and each thread's warnings go to its own block; warnings of
+    other threads meanwhile are shown as they would have been.
     """
 
     def __enter__(self):
-        self._context = warnings.catch_warnings(record=True)
-        self._records = self._context.__enter__()
-        warnings.simplefilter("always")
+        self._records = []
+        ident = threading.get_ident()
+        with _recording["lock"]:
+            if _recording["depth"] == 0:
+                context = warnings.catch_warnings()
+                context.__enter__()
+                warnings.simplefilter("always")
+                _recording["context"], _recording["show"] = context, warnings.showwarning
+                warnings.showwarning = _show_or_record
+            _recording["depth"] += 1
+            self._outer = _recording["logs"].get(ident)  # a block nested in this thread
+            _recording["logs"][ident] = self._records
         return self
 
     def __exit__(self, *exc):
-        self._context.__exit__(*exc)
+        ident = threading.get_ident()
+        with _recording["lock"]:
+            if self._outer is None:
+                del _recording["logs"][ident]
+            else:
+                _recording["logs"][ident] = self._outer
+            _recording["depth"] -= 1
+            if _recording["depth"] == 0:
+                context, _recording["context"], _recording["show"] = _recording["context"], None, None
+                context.__exit__(None, None, None)
         return False
 
     def summary(self):
@@ -416,7 +456,14 @@ def _image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pa
 
 
 def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
-    """Unary marginals (n, K) of every image of a batch (worker side)."""
+    """Unary marginals (n, K) of every image of a batch (worker side), the
+    number not converged and the warnings raised (:class:`_RecordedWarnings`)."""
+    with _RecordedWarnings() as recorded:
+        out, not_converged = _chunk_marginals_unrecorded(chunk, unary_coef, pairwise_coef, config)
+    return out, not_converged, recorded.summary()
+
+
+def _chunk_marginals_unrecorded(chunk, unary_coef, pairwise_coef, config):
     out = []
     not_converged = 0
     for node_features, edges, edge_features, _ in _chunk_images(chunk):
@@ -446,6 +493,30 @@ def _shared_memory_dir():
     return None
 
 
+def _free_bytes(folder):
+    try:
+        stats = os.statvfs(folder)
+    except (OSError, AttributeError):
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def _reserve(path):
+    """Allocate the blocks of a freshly created (sparse) file now, so that a
+    full file system (a small /dev/shm, Docker's is 64 MB) raises OSError here
+    instead of killing the process with SIGBUS when its pages are written."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+            raise OSError(exc.errno, f"no room for the image batches in {os.path.dirname(path)}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
 def _process_alive(pid):
     try:
         os.kill(pid, 0)
@@ -454,6 +525,52 @@ def _process_alive(pid):
     except OSError:  # exists, owned by someone else
         return True
     return True
+
+
+_LOCK_NAME = "in_use.lock"
+
+
+def _hold_folder(folder):
+    """Mark a batch folder as in use for as long as this process lives: an
+    exclusive ``flock`` on a file in it, which the kernel releases when the
+    process dies. Unlike the process id in the folder's name, the lock is
+    seen by processes in other PID namespaces sharing /dev/shm (containers
+    run with ``--ipc=host`` or ``-v /dev/shm:/dev/shm``, the containers of a
+    Kubernetes pod), to which this process does not exist. Returns the file
+    descriptor to close on exit (None without ``fcntl``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _folder_in_use(path):
+    """Whether a live process, possibly one this process cannot see, holds the
+    folder's lock (:func:`_hold_folder`)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return False  # no lock: the process id in the name decides
+    except OSError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _remove_orphaned_folders(parent):
@@ -475,8 +592,9 @@ def _remove_orphaned_folders(parent):
         fields = name.split("_")
         if not name.startswith(_FOLDER_PREFIX) or len(fields) < 3 or not fields[1].isdigit():
             continue
-        if not _process_alive(int(fields[1])):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        path = os.path.join(parent, name)
+        if not _process_alive(int(fields[1])) and not _folder_in_use(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class _ParallelMap:
@@ -494,7 +612,11 @@ class _ParallelMap:
     * Dask backend: the batches are scattered to the cluster once and the
       tasks refer to them by future;
     * the ``Parallel`` instance stays open across calls, so loky reuses its
-      workers;
+      workers; it is joblib's, not scikit-learn's, whose tasks each enter
+      :class:`warnings.catch_warnings`, which is not thread-safe and would undo
+      :class:`_RecordedWarnings` in the threads of the threading backend
+      (the workers read no scikit-learn configuration, and report their
+      warnings to the caller, whose filters then apply);
     * loky and multiprocessing workers keep the memory they free
       (:func:`_keep_freed_memory`).
 
@@ -513,6 +635,7 @@ class _ParallelMap:
         self._parallel = None
         self._futures = None
         self._process_workers = False
+        self._lock = None
 
     def __enter__(self):
         try:
@@ -536,19 +659,41 @@ class _ParallelMap:
             parent = _shared_memory_dir()
             if parent is not None:
                 _remove_orphaned_folders(parent)
+                free, needed = _free_bytes(parent), self._batch_bytes()
+                if free is not None and free < needed:
+                    if self.verbose > 0:
+                        print(f"[MarginalCRF] {parent} has {free / 2**20:.0f} MB free, the image batches need "
+                              f"{needed / 2**20:.0f} MB: they go to {tempfile.gettempdir()} instead", flush=True)
+                    parent = None  # too small for the batches: a temporary folder on disk
             self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
+            self._lock = _hold_folder(self._folder)
             return [self._pack_to_files(group, c) for c, group in enumerate(self.indices)]
         chunks = [_pack(self.samples, self.labels, group) for group in self.indices]
         if backend_name == "DaskDistributedBackend":
             self._futures = backend.client.scatter(chunks, hash=False)
         return chunks
 
+    def _batch_bytes(self):
+        """Bytes of all the batches, from the samples' own dtypes (a batch
+        mixing float32 and float64 features is stored in float64, a little
+        more; :func:`_reserve` catches what this misses)."""
+        total = 0
+        for group in self.indices:
+            for i in group:
+                sample = self.samples[i]
+                total += sample.node_features.nbytes + 16 * sample.n_edges + sample.edge_features.nbytes
+                if self.labels is not None:
+                    total += self.labels[i].nbytes
+        return total
+
     def _pack_to_files(self, group, c):
         def allocate(key, shape, dtype):
             if int(np.prod(shape)) * np.dtype(dtype).itemsize < 4096:  # not worth a file
                 return _allocate_in_memory(key, shape, dtype)
             path = os.path.join(self._folder, f"chunk{c}_{key}.npy")
-            return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+            _reserve(path)
+            return array
 
         chunk = _pack(self.samples, self.labels, group, allocate)
         for key, array in chunk.items():
@@ -582,6 +727,9 @@ class _ParallelMap:
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
         return False
 
 
@@ -1146,12 +1294,15 @@ class MarginalCRF(BaseEstimator):
         groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
         marginals = [None] * len(samples)
         not_converged = 0
+        recorded = {}
         with _ParallelMap(samples, None, groups, self.n_jobs, self.verbose) as pmap:
             results = pmap(_chunk_marginals, self.unary_coef_, self.pairwise_coef_, self._predict_config())
-            for group, (batch, count) in zip(pmap.indices, results):
+            for group, (batch, count, warned) in zip(pmap.indices, results):
                 not_converged += count
+                _merge_warnings(recorded, warned)
                 for k, mu in zip(group, batch):
                     marginals[k] = mu
+        _report_warnings(recorded, "during prediction, in per-image inference calls")
         if not_converged:
             warnings.warn(
                 f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "

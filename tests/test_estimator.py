@@ -1,8 +1,12 @@
 """Tests of MarginalCRF: scikit-learn citizenship, learning, parallelism, bad input."""
 
+import errno
+import os
 import platform
 import re
+import subprocess
 import sys
+import tempfile
 import warnings
 
 import joblib
@@ -467,9 +471,6 @@ def test_weights_are_bitwise_equal_across_backends_in_one_process():
     # A fresh process, because the bug this guards against depended on the
     # process's history: after a threading-backend fit, scipy's multithreaded
     # BLAS made L-BFGS round differently (1e-14) in every later fit.
-    import os
-    import subprocess
-
     script = _BACKEND_SEQUENCE_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
     assert float(out.stdout.split()[-1]) == 0.0, out.stdout
@@ -821,10 +822,6 @@ def test_batches_are_written_to_read_only_files_equal_to_in_memory_packing(tmp_p
 
 
 def test_batch_folders_of_dead_processes_are_removed(tmp_path, monkeypatch):
-    import os
-    import subprocess
-    import sys
-
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # its pid is now free (reuse within this test is vanishingly unlikely)
     orphan = tmp_path / f"margcrf_{child.pid}_abc"
@@ -861,7 +858,6 @@ def test_workers_reuse_the_memory_of_the_previous_image():
     """Without ``_keep_freed_memory`` glibc returns the scratch arrays of a
     232 x 315 image's gradient to the system and faults about 10,000 pages
     back in for every further image."""
-    import subprocess
 
     script = """
 import resource
@@ -885,3 +881,103 @@ print(max(faults[2:]))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
     assert int(out.stdout) < 1000
+
+
+def _warning_fit(backend, n_jobs=2):
+    X, y = make_structured_data()
+    with joblib.parallel_config(backend=backend):
+        return MarginalCRF(gradient_mode="backprop", inference_max_iter=2, init="zeros", max_iter=3,
+                           n_jobs=n_jobs).fit(X, y)
+
+
+def test_threading_backend_fit_leaves_the_process_warnings_intact():
+    # catch_warnings is process-wide: entered and left in several threads at
+    # once, it restored another thread's state, so warnings (the fit's own
+    # included) went to a dead list, for the rest of the process.
+    show, filters = warnings.showwarning, list(warnings.filters)
+    for _ in range(3):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _warning_fit("threading")
+            warnings.warn("after the fit", UserWarning)
+        messages = [str(w.message) for w in caught]
+        assert any("during fit, in per-image loss_and_grad calls" in m for m in messages), messages
+        assert any(issubclass(w.category, ConvergenceWarning) for w in caught), messages
+        assert messages[-1] == "after the fit"
+    _warning_fit("threading")  # without a catch_warnings around it
+    assert warnings.showwarning is show and warnings.filters == filters
+
+
+def test_prediction_warnings_reach_the_caller_under_process_backends():
+    X, y = make_structured_data(n_samples=4, shape=(6, 6))
+    est = fit_quietly(MarginalCRF(n_iter=3, max_iter=2), X, y)
+    est.unary_coef_ = est.unary_coef_ * 1000  # messages at the floor
+    est.pairwise_coef_ = np.zeros_like(est.pairwise_coef_)
+    est.pairwise_coef_[0, 0] = est.pairwise_coef_[1, 1] = 2000
+    reported = []
+    for n_jobs in [1, 2]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            est.set_params(n_jobs=n_jobs).predict(X)
+        reported.append([str(w.message) for w in caught if "at the floor" in str(w.message)])
+    assert len(reported[0]) == 1 and "during prediction" in reported[0][0]
+    assert reported[1] == reported[0]
+
+
+def test_batches_go_to_disk_when_shared_memory_is_too_small(tmp_path, monkeypatch):
+    # Writing memory-mapped batches past the end of a full tmpfs (Docker's
+    # /dev/shm is 64 MB) kills the process with SIGBUS.
+    shm, disk = tmp_path / "shm", tmp_path / "disk"
+    shm.mkdir(), disk.mkdir()
+    monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(shm))
+    monkeypatch.setattr(estimator_module, "_free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(tempfile, "tempdir", str(disk))
+    seen = []
+    X, y = make_structured_data(n_samples=2, shape=(20, 20))
+    with joblib.parallel_backend("loky"):
+        fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2,
+                                callback=lambda p: seen.append((len(list(shm.iterdir())), len(list(disk.iterdir()))))), X, y)
+    assert seen and all(counts == (0, 1) for counts in seen), seen
+    assert list(disk.iterdir()) == []
+
+
+def test_reserving_batch_files_raises_instead_of_crashing(tmp_path, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if not hasattr(os, "posix_fallocate"):
+        pytest.skip("no posix_fallocate")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
+    X, y = make_structured_data(n_samples=2, shape=(20, 20))
+    with joblib.parallel_backend("loky"), pytest.raises(OSError, match="no room for the image batches"):
+        fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2), X, y)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_batch_folders_locked_by_a_live_process_are_kept(tmp_path, monkeypatch):
+    # A process in another PID namespace sharing /dev/shm (a container with
+    # --ipc=host) does not exist here, but its fit is running: its batches
+    # must stay.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    other = tmp_path / f"margcrf_{child.pid}_abc"
+    other.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(600)", str(other / "in_use.lock")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
+        X, y = make_structured_data(n_samples=2)
+        with joblib.parallel_backend("loky"):
+            fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2), X, y)
+        assert other.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with joblib.parallel_backend("loky"):  # its lock released: an orphan now
+        fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2), X, y)
+    assert not other.exists()
