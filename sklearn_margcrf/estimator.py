@@ -40,6 +40,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.optimize
+import sklearn
 from joblib import Parallel, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
 from scipy.special import logsumexp
@@ -400,11 +401,26 @@ def _merge_warnings(total, counts):
             total[key] = (n, message, varied)
 
 
+#: Frames in these folders are not the user's: a warning of fit or predict is
+#: attributed to the first frame outside them (scikit-learn wraps fit).
+_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, sklearn.__file__))
+
+
+def _warn(message, category):
+    """``warnings.warn`` attributed to the user's line that called fit /
+    predict, so that the warning shows that line and ``module=`` filters
+    on the user's module apply."""
+    frame, level = sys._getframe(1), 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
 def _report_warnings(counts, where):
     """Issue each recorded warning once, with how often it occurred."""
     for (category, _), (n, message, varied) in counts.items():
         times = f" ({n} times{', figures of the first' if varied else ''})" if n > 1 else ""
-        warnings.warn(f"{where}: {message}{times}", category, stacklevel=3)
+        _warn(f"{where}: {message}{times}", category)
 
 
 def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
@@ -1093,7 +1109,7 @@ class MarginalCRF(BaseEstimator):
             and self.pairwise_coef_.shape == shape_g
         )
         if self.warm_start and hasattr(self, "unary_coef_") and not warm:
-            warnings.warn(
+            _warn(
                 "warm_start=True but the previous weights have shapes "
                 f"{self.unary_coef_.shape}, {self.pairwise_coef_.shape} instead of {shape_f}, {shape_g}: "
                 f"starting from init={self.init!r}",
@@ -1279,7 +1295,7 @@ class MarginalCRF(BaseEstimator):
                 message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
             else:
                 message = f"L-BFGS stopped early ({stage}): {result.message}"
-            warnings.warn(message, ConvergenceWarning)
+            _warn(message, ConvergenceWarning)
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
         return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve, "time_curve": times}
@@ -1304,11 +1320,10 @@ class MarginalCRF(BaseEstimator):
                     marginals[k] = mu
         _report_warnings(recorded, "during prediction, in per-image inference calls")
         if not_converged:
-            warnings.warn(
+            _warn(
                 f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "
                 f"iterations on {not_converged} of {len(samples)} samples; their marginals are not converged",
                 ConvergenceWarning,
-                stacklevel=3,
             )
         return samples, marginals
 

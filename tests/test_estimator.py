@@ -215,6 +215,23 @@ def test_convergence_warning_when_max_iter_is_reached():
         MarginalCRF(n_iter=2, max_iter=1).fit(X, y)
 
 
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_warnings_point_at_the_callers_line(n_jobs):
+    # not at scikit-learn's fit wrapper or this package: the user sees the
+    # line that called fit / predict, and module= filters work
+    X, y = make_structured_data(n_samples=2)
+    estimator = MarginalCRF(gradient_mode="backprop", inference_max_iter=2, init="zeros", max_iter=3, n_jobs=n_jobs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimator.fit(X, y)
+        estimator.set_params(n_iter=None, tol=1e-12).predict(X)
+    messages = {str(w.message).split(":")[0]: w.filename for w in caught}
+    assert any(m.startswith("L-BFGS") for m in messages)  # ConvergenceWarning of the fit
+    assert any(m.startswith("during fit") for m in messages)  # recorded in the workers
+    assert any(m.startswith("inference did not reach") for m in messages)  # prediction
+    assert set(messages.values()) == {__file__}, messages
+
+
 def test_max_iter_zero_keeps_the_start():
     X, y = make_structured_data()
     zeros = MarginalCRF(max_iter=0, init="zeros").fit(X, y)
