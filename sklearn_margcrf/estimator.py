@@ -474,29 +474,24 @@ def _image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pa
 def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
     """Unary marginals (n, K) of every image of a batch (worker side), the
     number not converged and the warnings raised (:class:`_RecordedWarnings`)."""
-    with _RecordedWarnings() as recorded:
-        out, not_converged = _chunk_marginals_unrecorded(chunk, unary_coef, pairwise_coef, config)
-    return out, not_converged, recorded.summary()
-
-
-def _chunk_marginals_unrecorded(chunk, unary_coef, pairwise_coef, config):
     out = []
     not_converged = 0
-    for node_features, edges, edge_features, _ in _chunk_images(chunk):
-        unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
-        if config["inference"] == "independent" or edges.shape[0] == 0:
-            mu = np.exp(unary - logsumexp(unary, axis=1, keepdims=True))
-        else:
-            if not edges.flags.writeable:
-                edges = np.array(edges)
-            result = infer(
-                edges, unary, pairwise, method=config["inference"], n_iter=config["n_iter"],
-                tol=config["tol"], max_iter=config["max_iter"], rho=config["rho"],
-            )
-            mu = result.unary
-            not_converged += config["n_iter"] is None and not result.converged
-        out.append(mu)
-    return out, not_converged
+    with _RecordedWarnings() as recorded:
+        for node_features, edges, edge_features, _ in _chunk_images(chunk):
+            unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
+            if config["inference"] == "independent" or edges.shape[0] == 0:
+                mu = np.exp(unary - logsumexp(unary, axis=1, keepdims=True))
+            else:
+                if not edges.flags.writeable:
+                    edges = np.array(edges)
+                result = infer(
+                    edges, unary, pairwise, method=config["inference"], n_iter=config["n_iter"],
+                    tol=config["tol"], max_iter=config["max_iter"], rho=config["rho"],
+                )
+                mu = result.unary
+                not_converged += config["n_iter"] is None and not result.converged
+            out.append(mu)
+    return out, not_converged, recorded.summary()
 
 
 _FOLDER_PREFIX = "margcrf_"
