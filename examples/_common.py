@@ -377,6 +377,18 @@ class Checkpoints:
         state = self.load(name)
         return state is not None and state["done"]
 
+    def has_weights(self, name):
+        """Whether ``folder/<name>.npz`` is there (finished or not)."""
+        return (self.folder / f"{name}.npz").exists()
+
+    def has_record(self, name):
+        """Whether the JSON record ``folder/<name>.json`` is there."""
+        return (self.folder / f"{name}.json").exists()
+
+    def drop_record(self, name):
+        """Remove the record ``folder/<name>.json``, so that it is evaluated afresh."""
+        (self.folder / f"{name}.json").unlink(missing_ok=True)
+
     def record(self, name, evaluate):
         """The JSON record ``folder/<name>.json``: read when there, otherwise
         ``evaluate()`` (a JSON-ready dict), timed into its

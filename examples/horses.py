@@ -194,6 +194,11 @@ def _cells(args):
     return cells + [(key, n) for n in args.iters for key in column]
 
 
+def _surrogate_row(key):
+    """The surrogate likelihood row a smooth classification row starts from."""
+    return "surrogate-trw" if ROWS[key][1]["inference"] == "trw" else "surrogate-mnf"
+
+
 def _cell_name(key, n_iter):
     return key if n_iter is None else f"{key}-{n_iter}"
 
@@ -208,6 +213,12 @@ def run(args, X_train, y_train, X_test, y_test):
     1e-4) and shared. Smooth classification starts from the surrogate
     likelihood fit with the same inference and iterations, as its ``init``
     would.
+
+    A cell whose error record is in the folder but whose weights are not
+    (kept from a run whose checkpoints were lost) is reported from its record
+    and not refitted, unless a smooth classification cell to be fitted needs
+    it as its start: then it is refitted and its record evaluated afresh.
+    Such a cell has no panel in the figure.
     """
     store = _common.Checkpoints(args.checkpoints)
     n_node_features, n_edge_features = X_train[0].node_features.shape[1], X_train[0].edge_features.shape[1]
@@ -227,7 +238,7 @@ def run(args, X_train, y_train, X_test, y_test):
 
     def start(key, n_iter):
         if ROWS[key][1].get("loss") == "smooth_classification":
-            surrogate = "surrogate-trw" if ROWS[key][1]["inference"] == "trw" else "surrogate-mnf"
+            surrogate = _surrogate_row(key)
             if (surrogate, n_iter) not in models:
                 raise SystemExit(f"row {key} starts from the {surrogate} fit: add {surrogate} to --rows")
             source = models[(surrogate, n_iter)]
@@ -235,11 +246,31 @@ def run(args, X_train, y_train, X_test, y_test):
             source, _ = independent(REG[key])
         return {"unary_coef": source.unary_coef_, "pairwise_coef": source.pairwise_coef_}
 
+    def record_name(key, n_iter):
+        return f"{_cell_name(key, n_iter)}.errors-test{args.n_test}-tol{args.test_tol:g}"
+
+    def checkpoint_name(key, n_iter):
+        return f"independent-{REG[key]:.0e}" if key == "independent" else _cell_name(key, n_iter)
+
+    def record_only(key, n_iter):
+        return store.has_record(record_name(key, n_iter)) and not store.has_weights(checkpoint_name(key, n_iter))
+
+    cells = _cells(args)
+    sources = {
+        (_surrogate_row(key), n_iter) for key, n_iter in cells
+        if ROWS[key][1].get("loss") == "smooth_classification" and not record_only(key, n_iter)
+    }
     results, models = {}, {}
-    for key, n_iter in _cells(args):
+    for key, n_iter in cells:
         name, params = ROWS[key]
         cell = _cell_name(key, n_iter)
-        checkpoint = f"independent-{REG[key]:.0e}" if key == "independent" else cell
+        checkpoint = checkpoint_name(key, n_iter)
+        if record_only(key, n_iter):
+            if (key, n_iter) not in sources or args.report_only:
+                results[(key, n_iter)] = store.record(record_name(key, n_iter), None)
+                _print_cell(key, n_iter, results[(key, n_iter)], " (from its record; weights not kept)")
+                continue
+            store.drop_record(record_name(key, n_iter))  # it describes the lost weights, not the refit
         if args.report_only and not store.finished(checkpoint):
             continue
         if key == "independent":
@@ -248,19 +279,23 @@ def run(args, X_train, y_train, X_test, y_test):
             model, state = fitted(cell, _model(args, key, n_iter), lambda: start(key, n_iter))
         note = " (from the surrogate likelihood fit)" if params.get("loss") == "smooth_classification" else ""
         models[(key, n_iter)] = model
-        record = store.record(f"{cell}.errors-test{args.n_test}-tol{args.test_tol:g}", lambda: _common.fit_record(
+        record = store.record(record_name(key, n_iter), lambda: _common.fit_record(
             model, name, _common.error_rate(model, X_train, y_train, args.batch),
             _common.error_rate(model, X_test, y_test, args.batch), state["seconds"], n_iter=n_iter,
             segments=state["segments"], fits=state["fits"],
         ))
         results[(key, n_iter)] = record
-        where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
-        print(
-            f"  {where}{name:<26} train {record['train']:.3f}  test {record['test']:.3f}  "
-            f"fit {record['seconds']:7.1f} s  ({record['lbfgs_iterations']} L-BFGS it.){note}",
-            flush=True,
-        )
+        _print_cell(key, n_iter, record, note)
     return results, models
+
+
+def _print_cell(key, n_iter, record, note):
+    where = " " * 7 if n_iter is None else f"{n_iter:2d} it. "
+    print(
+        f"  {where}{ROWS[key][0]:<26} train {record['train']:.3f}  test {record['test']:.3f}  "
+        f"fit {record['seconds']:7.1f} s  ({record['lbfgs_iterations']} L-BFGS it.){note}",
+        flush=True,
+    )
 
 
 def _tables(args, results, pixels):

@@ -78,3 +78,38 @@ def test_horses_report_only_shows_the_finished_cells(horses_dir, tmp_path, monke
     assert report == done
     table = (tmp_path / "horses_table.txt").read_text()
     assert "PARTIAL RUN: 2 of 3 cells finished" in table
+
+
+def test_horses_cells_with_a_record_but_no_weights(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A cell whose weights were lost is reported from its record, and refitted
+    only when a smooth classification cell to be fitted starts from it."""
+    from sklearn_margcrf import MarginalCRF
+
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "2",
+            "--n-test", "1", "--max-iter", "2", "--iters", "2"]
+    first = horses.main(argv + ["--rows", "surrogate-trw,ulogistic-trw,smooth5"])
+    folder = next((tmp_path / "horses_checkpoints").iterdir())
+    for cell in ("surrogate-trw-2", "ulogistic-trw-2", "smooth5-2"):
+        (folder / f"{cell}.npz").unlink()
+    surrogate_record = folder / "surrogate-trw-2.errors-test1-tol1e-05.json"
+    lost = json.loads(surrogate_record.read_text())
+    surrogate_record.write_text(json.dumps({**lost, "train": 2.0}))  # marks the record of the lost weights
+
+    real_fit, fitted = MarginalCRF.fit, []
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: pytest.fail("a cell with a record was fitted"))
+    for extra in ([], ["--report-only"]):
+        kept = horses.main(argv + ["--rows", "surrogate-trw,ulogistic-trw,smooth5"] + extra)
+        assert kept[("ulogistic-trw", 2)] == first[("ulogistic-trw", 2)]
+        assert kept[("smooth5", 2)] == first[("smooth5", 2)]
+        assert kept[("surrogate-trw", 2)]["train"] == 2.0
+    assert not (folder / "surrogate-trw-2.npz").exists()
+
+    # smooth5 is to be fitted again, so the surrogate likelihood fit it starts from is too
+    (folder / "smooth5-2.errors-test1-tol1e-05.json").unlink()
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: fitted.append(self.loss) or real_fit(self, *a, **k))
+    again = horses.main(argv + ["--rows", "surrogate-trw,ulogistic-trw,smooth5"])
+    assert fitted.count("surrogate_likelihood") == 1 and fitted.count("smooth_classification") == 1
+    assert "univariate_logistic" not in fitted
+    assert again[("surrogate-trw", 2)]["train"] != 2.0  # evaluated afresh
+    assert again[("surrogate-trw", 2)]["train"] == pytest.approx(first[("surrogate-trw", 2)]["train"])
+    assert (folder / "surrogate-trw-2.npz").exists()
