@@ -40,7 +40,6 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.optimize
-import sklearn
 from joblib import Parallel, delayed, effective_n_jobs
 from joblib.parallel import get_active_backend
 from scipy.special import logsumexp
@@ -53,6 +52,7 @@ from sklearn.utils.validation import check_is_fitted, check_random_state
 
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._linear import feature_scores, weight_gradient
+from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
 from .gradients import (
     GRADIENT_MODES,
@@ -401,26 +401,11 @@ def _merge_warnings(total, counts):
             total[key] = (n, message, varied)
 
 
-#: Frames in these folders are not the user's: a warning of fit or predict is
-#: attributed to the first frame outside them (scikit-learn wraps fit).
-_LIBRARY_DIRS = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, sklearn.__file__))
-
-
-def _warn(message, category):
-    """``warnings.warn`` attributed to the user's line that called fit /
-    predict, so that the warning shows that line and ``module=`` filters
-    on the user's module apply."""
-    frame, level = sys._getframe(1), 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
-
-
 def _report_warnings(counts, where):
     """Issue each recorded warning once, with how often it occurred."""
     for (category, _), (n, message, varied) in counts.items():
         times = f" ({n} times{', figures of the first' if varied else ''})" if n > 1 else ""
-        _warn(f"{where}: {message}{times}", category)
+        warn_at_caller(f"{where}: {message}{times}", category)
 
 
 def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
@@ -1104,7 +1089,7 @@ class MarginalCRF(BaseEstimator):
             and self.pairwise_coef_.shape == shape_g
         )
         if self.warm_start and hasattr(self, "unary_coef_") and not warm:
-            _warn(
+            warn_at_caller(
                 "warm_start=True but the previous weights have shapes "
                 f"{self.unary_coef_.shape}, {self.pairwise_coef_.shape} instead of {shape_f}, {shape_g}: "
                 f"starting from init={self.init!r}",
@@ -1290,7 +1275,7 @@ class MarginalCRF(BaseEstimator):
                 message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
             else:
                 message = f"L-BFGS stopped early ({stage}): {result.message}"
-            _warn(message, ConvergenceWarning)
+            warn_at_caller(message, ConvergenceWarning)
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
         return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve, "time_curve": times}
@@ -1315,7 +1300,7 @@ class MarginalCRF(BaseEstimator):
                     marginals[k] = mu
         _report_warnings(recorded, "during prediction, in per-image inference calls")
         if not_converged:
-            _warn(
+            warn_at_caller(
                 f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "
                 f"iterations on {not_converged} of {len(samples)} samples; their marginals are not converged",
                 ConvergenceWarning,

@@ -32,11 +32,11 @@ is the exact gradient of the paper's truncated partition function.
 """
 
 import numbers
-import warnings
 
 import numpy as np
 
 from ._graph import _as_labels, check_positive, validate_model
+from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import METHODS as INFERENCE_METHODS
@@ -122,13 +122,12 @@ class _Problem:
         if self.mode == "backprop":  # the kernels' fixed-point mode warns about unconverged messages
             return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
         if not result.converged:
-            warnings.warn(
+            warn_at_caller(
                 f"gradient_mode={self.mode!r}: {self.inference} inference did not converge to tol={self.tol:g} "
                 f"in max_iter={self.max_iter} iterations, so its marginals are not a fixed point and the "
                 f"gradient, which assumes one, may be far off; raise max_iter, loosen tol, or use "
                 f"gradient_mode='truncated'",
                 RuntimeWarning,
-                stacklevel=3,
             )
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
@@ -177,11 +176,10 @@ class _Problem:
                     f"{exc}; differentiating the {state.n_iter} forward iterations instead would need "
                     f"{stack_bytes / 2**30:.1f} GiB: use a tighter tol or gradient_mode='truncated'"
                 ) from None
-            warnings.warn(
+            warn_at_caller(
                 f"gradient_mode='backprop': {exc}; the gradient was computed through the "
                 f"{state.n_iter} forward iterations instead (exact for the reported loss)",
                 BackpropFallbackWarning,
-                stacklevel=4,
             )
             stacked_state = self.forward(keep_stack=True, n_iter=int(state.n_iter))[0]
             return backward(stacked_state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")

@@ -16,12 +16,12 @@ method's entropy (Sec. "Truncated Likelihood & Truncated EM").
 """
 
 import numbers
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from ._graph import check_n_iter, check_positive, validate_model
+from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES, edge_appearance_probabilities
 from .entropy import mean_field_entropy, trw_entropy
 
@@ -152,13 +152,12 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
         state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, tol=tol, max_iter=max_iter, keep_stack=keep_stack)
         n_floored = floored_message_entries(state)
         if n_floored:
-            warnings.warn(
+            warn_at_caller(
                 f"{method}: {n_floored} message entries are at the floor {_MSG_FLOOR:g}: some parameters "
                 f"differ by more than about 690 * rho, beyond what the messages can represent, so the "
                 f"marginals and the log-partition estimate may be inaccurate (even when converged is True); "
                 f"use smaller parameters (e.g. a larger reg), mean field or exact inference",
                 RuntimeWarning,
-                stacklevel=3,
             )
     mu, mu2 = state.unary_marginals, state.pairwise_marginals
     if log_partition:

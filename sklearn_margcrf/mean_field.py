@@ -53,13 +53,12 @@ function theorem for the sweep map ``mu = F(mu, theta)``. The
 initialisation does not influence the fixed point, so it receives no gradient.
 """
 
-import warnings
-
 import numpy as np
 from numba import njit
 
 from ._backnorm import backnorm
 from ._graph import check_n_iter, check_positive, incidence
+from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
 
 _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
@@ -580,11 +579,11 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
         tol = check_positive(tol, "tol")
         max_iter = check_n_iter(max_iter, "max_iter", allow_none=False)
         if not state.converged:
-            warnings.warn(
+            warn_at_caller(
                 f"mean_field_backward(mode='fixed_point') at marginals that are not converged "
                 f"(last change {state.last_change:.3g} >= tol {state.tol:.3g} after "
                 f"{state.n_iter} iterations); the gradient assumes a fixed point",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning)
         sweeps, largest = _mf_backward_fixed_point(inc_r.ptr, inc_r.edge, inc_r.side, edges_r,
                                                    pairwise_r, mu_r, gmu_r, g_unary_r,
                                                    g_pairwise_r, tol, max_iter)
@@ -593,9 +592,9 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
                 raise BackpropDivergenceError(
                     f"back mean field at the converged marginals did not converge in {sweeps} reverse "
                     f"sweeps (largest adjoint {largest:.3g}, tol {tol:g})")
-            warnings.warn(
+            warn_at_caller(
                 f"fixed-point back mean field did not converge in {sweeps} reverse sweeps "
                 f"(largest remaining adjoint {largest:.3g} >= tol {tol:.3g}); "
                 f"returning the current estimate",
-                RuntimeWarning, stacklevel=2)
+                RuntimeWarning)
     return (np.ascontiguousarray(g_unary_r[::-1]), np.ascontiguousarray(g_pairwise_r[::-1]))

@@ -123,13 +123,13 @@ which the processor already overlaps, and measured slower when interleaved.
 """
 
 import math
-import warnings
 
 import numpy as np
 from numba import njit
 
 from ._backnorm import backnorm
 from ._graph import incidence
+from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
 
 __all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
@@ -1163,11 +1163,10 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         fixed_point = True
         stack = stack_pow = _NO_STACK
         if not state.converged:
-            warnings.warn(
+            warn_at_caller(
                 "trw_backward(mode='fixed_point'): the forward pass did not converge, so the messages are not a "
                 "fixed point and the back-propagated gradient is only approximate",
                 RuntimeWarning,
-                stacklevel=2,
             )
     else:
         raise ValueError(f"mode must be 'truncated' or 'fixed_point', got {mode!r}")
@@ -1192,11 +1191,10 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
                 f"back TRW at the converged messages did not converge in {n_sweeps} reverse sweeps "
                 f"(largest adjoint message {residual:.3g}, tol {tol:g})"
             )
-        warnings.warn(
+        warn_at_caller(
             f"trw_backward(mode='fixed_point') did not converge in {max_iter} reverse sweeps (largest adjoint "
             f"message {residual:.3g} >= tol={tol:g}); returning the current estimate",
             RuntimeWarning,
-            stacklevel=2,
         )
     g_p /= state.rho[:, None]  # the common 1 / rho_c of steps 6(b) and 8(c)
     grad_pair = g_p.reshape(E, K, K)
