@@ -547,6 +547,25 @@ def _hold_folder(folder):
     return fd
 
 
+def _new_batch_folder(parent):
+    """A new folder ``margcrf_<pid>_<random>`` in ``parent`` (None: the
+    temporary folder) and its lock (:func:`_hold_folder`). The folder is made
+    under a name that orphan cleanup skips (a leading dot), locked, and only
+    then renamed: a cleanup in another PID namespace, to which this process
+    looks dead, never sees it unlocked."""
+    staging = tempfile.mkdtemp(prefix=f".{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
+    lock = _hold_folder(staging)
+    folder = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
+    try:
+        os.rename(staging, folder)
+    except OSError:
+        if lock is not None:
+            os.close(lock)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return folder, lock
+
+
 def _folder_in_use(path):
     """Whether a live process, possibly one this process cannot see, holds the
     folder's lock (:func:`_hold_folder`)."""
@@ -661,8 +680,7 @@ class _ParallelMap:
                         print(f"[MarginalCRF] {parent} has {free / 2**20:.0f} MB free, the image batches need "
                               f"{needed / 2**20:.0f} MB: they go to {tempfile.gettempdir()} instead", flush=True)
                     parent = None  # too small for the batches: a temporary folder on disk
-            self._folder = tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
-            self._lock = _hold_folder(self._folder)
+            self._folder, self._lock = _new_batch_folder(parent)
             return [self._pack_to_files(group, c) for c, group in enumerate(self.indices)]
         chunks = [_pack(self.samples, self.labels, group) for group in self.indices]
         if backend_name == "DaskDistributedBackend":

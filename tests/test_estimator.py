@@ -972,6 +972,27 @@ def test_reserving_batch_files_raises_instead_of_crashing(tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_new_batch_folder_is_never_seen_unlocked(tmp_path, monkeypatch):
+    # A cleanup in another PID namespace, to which this process looks dead,
+    # runs just before the new folder is locked: it must not remove it.
+    foreign = {"cleanup": False}
+    real_alive, real_hold = estimator_module._process_alive, estimator_module._hold_folder
+
+    def hold_after_a_foreign_cleanup(folder):
+        foreign["cleanup"] = True
+        estimator_module._remove_orphaned_folders(str(tmp_path))
+        foreign["cleanup"] = False
+        return real_hold(folder)
+
+    monkeypatch.setattr(estimator_module, "_process_alive", lambda pid: not foreign["cleanup"] and real_alive(pid))
+    monkeypatch.setattr(estimator_module, "_hold_folder", hold_after_a_foreign_cleanup)
+    monkeypatch.setattr(estimator_module, "_shared_memory_dir", lambda: str(tmp_path))
+    X, y = make_structured_data(n_samples=2)
+    with joblib.parallel_backend("loky"):
+        fit_quietly(MarginalCRF(n_iter=2, max_iter=1, init="zeros", n_jobs=2), X, y)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_batch_folders_locked_by_a_live_process_are_kept(tmp_path, monkeypatch):
     # A process in another PID namespace sharing /dev/shm (a container with
     # --ipc=host) does not exist here, but its fit is running: its batches
