@@ -12,7 +12,9 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -346,6 +348,15 @@ def partial_run_note(n_finished, n_cells):
     return f"\nPARTIAL RUN: {n_finished} of {n_cells} cells finished; blank cells are not run yet."
 
 
+def _handle_usr1(handler):
+    """Install ``handler`` for SIGUSR1 and return the previous one (None, and
+    nothing installed, where there is no SIGUSR1 or off the main thread)."""
+    if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.signal(signal.SIGUSR1, handler)
+    return signal.SIG_DFL if previous is None else previous  # None: not set from Python
+
+
 class Checkpoints:
     """Fits of a long run, each saved to ``folder/<name>.npz`` (weights and
     progress) as it goes, so that a run killed at any point resumes where it
@@ -420,6 +431,10 @@ class Checkpoints:
         from its last checkpoint with a fresh L-BFGS, as after the paper's
         re-initialisation. A finished fit is only loaded: ``X``, ``y`` and
         ``start`` are not used and may be None.
+
+        ``kill -USR1 <pid>`` writes a checkpoint after the current L-BFGS
+        iteration and lets the fit go on: before a planned stop, it saves
+        the iterations since the last ``segment``.
         """
         if model.get_params().get("incremental") is not None:
             raise ValueError("Checkpoints.fit counts the iterations of one stage: incremental must be None")
@@ -445,20 +460,29 @@ class Checkpoints:
                     loss_curve=before["loss_curve"] + curve[:n_iter], done=done,
                 )
 
+            requested = []
+
             def checkpoint(progress):
                 curve.append(progress.objective)
-                if progress.n_iter % segment == 0:
+                if progress.n_iter % segment == 0 or requested:
                     self.save(name, progress_state(
                         progress.unary_coef, progress.pairwise_coef, progress.n_iter, progress.n_restarts,
                         progress.elapsed, False,
                     ))
+                    if requested:
+                        requested.clear()
+                        log(f"    checkpoint of {name} written after {before['lbfgs_iterations'] + progress.n_iter} "
+                            "L-BFGS iterations, as asked by SIGUSR1")
 
             remaining = max_iter - state["lbfgs_iterations"]
             part = restore(model.set_params(max_iter=remaining, warm_start=True, callback=checkpoint), state)
+            previous = _handle_usr1(lambda signum, frame: requested.append(signum))
             try:
                 seconds = timed_fit(part, X, y)
             finally:
                 model.set_params(callback=None)
+                if previous is not None:
+                    _handle_usr1(previous)
             state = progress_state(part.unary_coef_, part.pairwise_coef_, part.n_iter_, part.n_restarts_, seconds, True)
             self.save(name, state)
         model = restore(model.set_params(max_iter=max_iter, warm_start=False), state)

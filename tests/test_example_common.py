@@ -1,5 +1,8 @@
 """examples/_common.py: cached features and resumable, checkpointed fits."""
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -63,6 +66,37 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint(tmp_path, monkeypat
     np.testing.assert_array_equal(resumed.unary_coef_, by_hand.unary_coef_)
     np.testing.assert_array_equal(resumed.pairwise_coef_, by_hand.pairwise_coef_)
     assert resumed.loss_curve_ == saved["loss_curve"] + by_hand.loss_curve_
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_sigusr1_writes_a_checkpoint_after_the_current_iteration(tmp_path, monkeypatch):
+    X, y = make_structured_data(n_samples=3)
+    saved = _saves(_common.Checkpoints(tmp_path), monkeypatch)
+    timed_fit, logged = _common.timed_fit, []
+
+    def signalled_in_iteration_2(model, X, y):
+        checkpoint = model.callback
+
+        def callback(progress):
+            if progress.n_iter == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            checkpoint(progress)
+
+        return timed_fit(model.set_params(callback=callback), X, y)
+
+    monkeypatch.setattr(_common, "timed_fit", signalled_in_iteration_2)
+    before = signal.getsignal(signal.SIGUSR1)
+    with _common.ignore_convergence_warnings():
+        model, state = _common.Checkpoints(tmp_path).fit(
+            "cell", MarginalCRF(n_iter=3, init="zeros"), X, y,
+            {"unary_coef": np.zeros((2, X[0].node_features.shape[1])),
+             "pairwise_coef": np.zeros((2, 2, X[0].edge_features.shape[1]))}, 7, 5, log=logged.append)
+        plain = MarginalCRF(n_iter=3, init="zeros", max_iter=7).fit(X, y)
+    assert saved == [2, 5, 7]  # the asked one, every 5 iterations, and at the end
+    assert logged == ["    checkpoint of cell written after 2 L-BFGS iterations, as asked by SIGUSR1"]
+    assert signal.getsignal(signal.SIGUSR1) == before
+    assert state["fits"] == 1 and state["segments"] == 2  # the fit went on
+    np.testing.assert_array_equal(model.unary_coef_, plain.unary_coef_)
 
 
 def test_a_finished_fit_is_loaded_not_refitted(tmp_path, monkeypatch):
