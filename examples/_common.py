@@ -434,7 +434,8 @@ class Checkpoints:
 
         ``kill -USR1 <pid>`` writes a checkpoint after the current L-BFGS
         iteration and lets the fit go on: before a planned stop, it saves
-        the iterations since the last ``segment``.
+        the iterations since the last ``segment``. (Outside a fit, SIGUSR1
+        keeps its default effect.)
         """
         if model.get_params().get("incremental") is not None:
             raise ValueError("Checkpoints.fit counts the iterations of one stage: incremental must be None")
