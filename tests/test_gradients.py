@@ -231,14 +231,18 @@ def test_backprop_gradient_is_as_accurate_as_its_threshold(inference, tol):
     assert np.abs(approx - exact).max() <= 10 * tol * np.abs(exact).max()
 
 
-@pytest.mark.filterwarnings("ignore:trw_backward:RuntimeWarning")
-def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
-    # A frustrated, strongly coupled grid on which loopy BP does not converge:
-    # stack-free reverse sweeps at its last messages do not converge either.
+def frustrated_problem():
+    """A frustrated, strongly coupled 4x4 grid on which loopy BP does not
+    converge: stack-free reverse sweeps at its last messages do not either."""
     rng = np.random.default_rng(245)
     edges = grid_edges(4, 4)
     unary, pairwise = rng.normal(0, 0.3, (16, 2)), rng.normal(0, 2.5, (len(edges), 2, 2))
-    labels = rng.integers(0, 2, 16)
+    return edges, unary, pairwise, rng.integers(0, 2, 16)
+
+
+@pytest.mark.filterwarnings("ignore:trw_backward:RuntimeWarning")
+def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
+    edges, unary, pairwise, labels = frustrated_problem()
     with pytest.warns(BackpropFallbackWarning, match="forward iterations"):
         value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, inference="lbp", gradient_mode="backprop", tol=1e-3)
     n_iter = infer(edges, unary, pairwise, method="lbp", tol=1e-3).n_iter

@@ -251,14 +251,19 @@ def test_inference_without_log_partition_gives_the_same_marginals(method):
     assert full.log_partition == infer(edges, unary, pairwise, method=method, n_iter=7).log_partition
 
 
+def floored_model(scale):
+    """A 2x2 grid whose parameters differ by ``scale``: beyond about 690 *
+    rho, its messages need entries below 1e-300 and reach the floor."""
+    unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]]) * scale
+    return grid_edges(2, 2), unary, np.tile(np.eye(2), (4, 1, 1)) * scale
+
+
 @pytest.mark.parametrize("method,scale", [("trw", 800), ("lbp", 1500)])
 def test_messages_at_the_floor_are_reported(method, scale):
     # Parameters differing by more than about 690 * rho need message entries
     # below 1e-300; the floor then moves the marginals (here by 0.5 or more
     # from the exact ones, with converged True), which must not pass silently.
-    edges = grid_edges(2, 2)
-    unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]]) * scale
-    pairwise = np.tile(np.eye(2), (4, 1, 1)) * scale
+    edges, unary, pairwise = floored_model(scale)
     with pytest.warns(RuntimeWarning, match="message entries are at the floor"):
         result = infer(edges, unary, pairwise, method=method)
     exact = infer(edges, unary, pairwise, method="exact")

@@ -5,54 +5,42 @@ import warnings
 
 import numpy as np
 import pytest
-from reference import random_model
+from test_gradients import frustrated_problem, make_problem
+from test_inference import floored_model
 
-from sklearn_margcrf import grid_edges, infer, loss_and_grad
+from sklearn_margcrf import infer, loss_and_grad
 from sklearn_margcrf.exceptions import BackpropFallbackWarning
 from sklearn_margcrf.mean_field import mean_field_backward, mean_field_forward
 from sklearn_margcrf.trw import trw_backward, trw_forward
 
 
-def small_model(seed, scale=1.0):
-    rng = np.random.default_rng(seed)
-    edges = grid_edges(3, 3)
-    unary, pairwise = random_model(edges, 9, 2, rng, scale=scale)
-    return edges, unary, pairwise, rng.integers(0, 2, 9)
-
-
 def floored():
-    edges = grid_edges(2, 2)
-    unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]]) * 800
-    infer(edges, unary, np.tile(np.eye(2), (4, 1, 1)) * 800, method="trw")
+    infer(*floored_model(800), method="trw")
 
 
 def perturbation_unconverged():
-    edges, unary, pairwise, labels = small_model(1)
+    edges, unary, pairwise, labels = make_problem((3, 3), 1, n_states=2)
     loss_and_grad(edges, unary, pairwise, labels, gradient_mode="perturbation", tol=1e-14, max_iter=2)
 
 
 def backprop_unconverged(inference):
-    edges, unary, pairwise, labels = small_model(2)
+    edges, unary, pairwise, labels = make_problem((3, 3), 2, n_states=2)
     loss_and_grad(edges, unary, pairwise, labels, inference=inference, gradient_mode="backprop", tol=1e-14, max_iter=2)
 
 
 def backprop_fallback():
-    # frustrated, strongly coupled: neither loopy BP nor its reverse sweeps converge
-    rng = np.random.default_rng(245)
-    edges = grid_edges(4, 4)
-    unary, pairwise = rng.normal(0, 0.3, (16, 2)), rng.normal(0, 2.5, (len(edges), 2, 2))
-    loss_and_grad(edges, unary, pairwise, rng.integers(0, 2, 16), inference="lbp", gradient_mode="backprop", tol=1e-3)
+    loss_and_grad(*frustrated_problem(), inference="lbp", gradient_mode="backprop", tol=1e-3)
 
 
 def trw_reverse_sweeps():
-    edges, unary, pairwise, _ = small_model(3)
+    edges, unary, pairwise, _ = make_problem((3, 3), 3, n_states=2)
     state = trw_forward(edges, unary, pairwise, np.full(len(edges), 0.5), tol=1e-12)
     gradient = np.random.default_rng(5).normal(size=(9, 2))
     trw_backward(state, gradient, None, mode="fixed_point", tol=1e-14, max_iter=2)
 
 
 def mean_field_reverse_sweeps():
-    edges, unary, pairwise, _ = small_model(4)
+    edges, unary, pairwise, _ = make_problem((3, 3), 4, n_states=2)
     state = mean_field_forward(edges, unary, pairwise, tol=1e-12)
     gradient = np.random.default_rng(5).normal(size=(9, 2))
     mean_field_backward(state, gradient, None, mode="fixed_point", tol=1e-14, max_iter=1)
