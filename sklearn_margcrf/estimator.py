@@ -554,11 +554,13 @@ def _new_batch_folder(parent):
     then renamed: a cleanup in another PID namespace, to which this process
     looks dead, never sees it unlocked."""
     staging = tempfile.mkdtemp(prefix=f".{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
-    lock = _hold_folder(staging)
-    folder = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
+    lock = None
     try:
+        lock = _hold_folder(staging)
+        folder = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
         os.rename(staging, folder)
-    except OSError:
+    except BaseException:
+        # nothing else would remove a hidden staging folder
         if lock is not None:
             os.close(lock)
         shutil.rmtree(staging, ignore_errors=True)

@@ -993,6 +993,19 @@ def test_a_new_batch_folder_is_never_seen_unlocked(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_batch_folder_whose_lock_fails_is_removed(tmp_path, monkeypatch):
+    # Taking the lock raises (e.g. out of file descriptors): the error reaches
+    # the caller and the hidden staging folder, which orphan cleanup skips,
+    # does not stay behind.
+    def failing_hold(folder):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(estimator_module, "_hold_folder", failing_hold)
+    with pytest.raises(OSError, match="Too many open files"):
+        estimator_module._new_batch_folder(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_batch_folders_locked_by_a_live_process_are_kept(tmp_path, monkeypatch):
     # A process in another PID namespace sharing /dev/shm (a container with
     # --ipc=host) does not exist here, but its fit is running: its batches
