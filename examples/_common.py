@@ -120,6 +120,17 @@ def run_description(n_jobs):
     return f"{machine_description()}, n_jobs={n_jobs}"
 
 
+def timing_title(args):
+    """The first line of a resumable run's timing table. A cell's seconds are
+    summed over every run that fitted part of it, which may have been on
+    other machines or with other n_jobs; ``--report-only`` fits nothing."""
+    who = "this report" if args.report_only else "this run"
+    return (
+        "Timings: wall clock of each fit, summed over the runs that fitted it "
+        f"({who}: {run_description(args.n_jobs)})"
+    )
+
+
 def format_table(title, header, rows, paper=None):
     """A plain-text table; ``paper`` maps a row name to the paper's numbers, shown beside ours.
 

@@ -325,7 +325,7 @@ def _tables(args, results):
     if any(ROWS[k][1].get("loss") == "smooth_classification" for k in args.rows):
         note += " (for smooth class. rows, the surrogate likelihood fit)"
     timing = _common.format_table(
-        f"Timings on {_common.run_description(args.n_jobs)}{note}.",
+        _common.timing_title(args) + f"{note}.",
         ["Fit seconds (s), L-BFGS its (it)"] + [f"{n:g} {part}" for n in levels for part in ("s", "it")],
         time_rows,
     )

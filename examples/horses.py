@@ -328,7 +328,7 @@ def _tables(args, results, pixels):
     if any(k.startswith("smooth") for k in args.rows) and "surrogate-trw" in args.rows:
         note = "\nsm. class. rows start from the surrogate likelihood TRW fit; its time is not included."
     timing = _common.format_table(
-        f"Timings on {_common.run_description(args.n_jobs)}{note}",
+        _common.timing_title(args) + f"{note}",
         ["Fit seconds (s), L-BFGS its (it)"] + [f"{n} {part}" for n in args.iters for part in ("s", "it")],
         time_rows,
     )

@@ -30,7 +30,7 @@ def test_binary_denoising_example(bsds_dir, tmp_path):  # noqa: F811
             assert row["seconds"] >= 0.0 and row["lbfgs_iterations"] <= 2
     table = (out / "binary_denoising_table.txt").read_text()
     assert "surrogate likelihood" in table and "independent" in table and "back-propagation" in table
-    assert "Timings on" in table
+    assert "Timings: wall clock of each fit, summed over the runs that fitted it (this run: " in table
     assert (out / "binary_denoising_marginals.png").stat().st_size > 0
     saved = json.loads((out / "binary_denoising_results.json").read_text())
     assert set(saved) == {"1.25", "5"}
@@ -80,6 +80,7 @@ def test_binary_denoising_report_only_shows_the_finished_cells(bsds_dir, tmp_pat
     assert report == done and list(report[1.25]) == ["ulogistic", "independent"]
     table = (tmp_path / "binary_denoising_table.txt").read_text()
     assert "PARTIAL RUN: 2 of 3 cells finished; blank cells are not run yet." in table
+    assert "(this report: " in table and "(this run: " not in table  # it fitted nothing
     errors, timings = [line for line in table.splitlines() if line.startswith("clique logistic")]
     assert errors.split("|")[0].strip() == timings.strip() == "clique logistic"  # blank: not run yet
     assert (tmp_path / "binary_denoising_marginals.png").stat().st_size > 0
