@@ -51,7 +51,7 @@ from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.validation import check_is_fitted, check_random_state
 
 from ._graph import _as_float_array, _as_labels, validate_edges
-from ._linear import feature_scores, weight_gradient
+from ._linear import feature_scores, logistic_loss_and_gradient, weight_gradient
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
 from .gradients import (
@@ -1363,21 +1363,19 @@ class _LogisticData:
     unary features, computed in-process)."""
 
     def __init__(self, samples, labels):
-        features, targets = [], []
-        for s, lab in zip(samples, labels):
-            observed = lab >= 0
-            features.append(s.node_features[observed])
-            targets.append(lab[observed])
-        self.features = np.concatenate(features)
-        self.targets = np.concatenate(targets)
+        observed = [lab >= 0 for lab in labels]
+        n = sum(int(np.count_nonzero(o)) for o in observed)
+        dtype = np.result_type(*(s.node_features.dtype for s in samples))
+        self.features = np.empty((n, samples[0].node_features.shape[1]), dtype=dtype)
+        self.targets = np.empty(n, dtype=np.int64)
+        start = 0
+        for s, lab, o in zip(samples, labels, observed):
+            stop = start + int(np.count_nonzero(o))
+            self.features[start:stop] = s.node_features[o]
+            self.targets[start:stop] = lab[o]
+            start = stop
 
     def loss_grad(self, w, shape_f, n_labelled, reg):
-        F = w.reshape(shape_f)
-        theta = feature_scores(self.features, F)
-        log_z = logsumexp(theta, axis=1)
-        rows = np.arange(theta.shape[0])
-        value = float(np.sum(log_z - theta[rows, self.targets]))
-        p = np.exp(theta - log_z[:, None])
-        p[rows, self.targets] -= 1.0
-        grad = weight_gradient(p, self.features).ravel()
+        value, grad = logistic_loss_and_gradient(self.features, self.targets, w.reshape(shape_f))
+        grad = grad.ravel()
         return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w
