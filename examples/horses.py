@@ -335,7 +335,9 @@ def _tables(args, results, pixels):
     return table + "\n\n" + timing
 
 
-def _figure(args, image, labels, marginals):
+def _figure(args, image, labels, marginals, recorded=()):
+    """The paper's figure; ``recorded``: rows reported from a record only
+    (their panel says that its weights were not kept)."""
     plt = _common.pyplot()
     panels = {"input": (image, None), "truth": (labels, None), **marginals}
     aspect = image.shape[0] / image.shape[1]
@@ -348,7 +350,7 @@ def _figure(args, image, labels, marginals):
             continue
         key, title = slot
         if key not in panels:
-            ax.set_title(f"{title}\n(not run)", fontsize=8)
+            ax.set_title(f"{title}\n({'weights not kept' if key in recorded else 'not run'})", fontsize=8)
             continue
         panel, n_iter = panels[key]
         if key == "input":
@@ -389,7 +391,7 @@ def main(argv=None):
     (Path(args.out) / "horses_results.json").write_text(
         json.dumps([{"row": key, **value} for (key, _), value in results.items()], indent=1) + "\n"
     )
-    _figure(args, test_images[k], y_test[k], marginals)
+    _figure(args, test_images[k], y_test[k], marginals, recorded={key for key, _ in results})
     return results
 
 

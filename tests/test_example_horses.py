@@ -99,11 +99,16 @@ def test_horses_cells_with_a_record_but_no_weights(horses_dir, tmp_path, monkeyp
 
     real_fit, fitted = MarginalCRF.fit, []
     monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: pytest.fail("a cell with a record was fitted"))
+    real_save, titles = horses._common.save_figure, []
+    monkeypatch.setattr(horses._common, "save_figure", lambda fig, *a: titles.append(
+        [ax.get_title() for ax in fig.axes]) or real_save(fig, *a))
     for extra in ([], ["--report-only"]):
         kept = horses.main(argv + ["--rows", "surrogate-trw,ulogistic-trw,smooth5"] + extra)
         assert kept[("ulogistic-trw", 2)] == first[("ulogistic-trw", 2)]
         assert kept[("smooth5", 2)] == first[("smooth5", 2)]
         assert kept[("surrogate-trw", 2)]["train"] == 2.0
+        assert "(d) U. logistic TRW\n(weights not kept)" in titles[-1]  # it ran, its panel is lost
+        assert "(g) U. logistic MNF\n(not run)" in titles[-1]
     assert not (folder / "surrogate-trw-2.npz").exists()
 
     # smooth5 is to be fitted again, so the surrogate likelihood fit it starts from is too
