@@ -7,6 +7,11 @@ are memory-bound, and the loops read float32 features directly (promoting
 each value to float64 in registers) where BLAS would need a float64 copy of
 the whole feature matrix first; they are also faster than single-threaded
 BLAS for float64 features.
+
+The independent model's logistic loss fuses both products with the loss
+(:func:`logistic_loss_and_gradient`), so that its many evaluations over all
+the labelled pixels of a data set read the features once and allocate no
+per-pixel arrays.
 """
 
 import math
