@@ -1364,16 +1364,14 @@ class _LogisticData:
 
     def __init__(self, samples, labels):
         observed = [lab >= 0 for lab in labels]
-        n = sum(int(np.count_nonzero(o)) for o in observed)
+        counts = np.array([np.count_nonzero(o) for o in observed])
+        stops = np.cumsum(counts)
         dtype = np.result_type(*(s.node_features.dtype for s in samples))
-        self.features = np.empty((n, samples[0].node_features.shape[1]), dtype=dtype)
-        self.targets = np.empty(n, dtype=np.int64)
-        start = 0
-        for s, lab, o in zip(samples, labels, observed):
-            stop = start + int(np.count_nonzero(o))
+        self.features = np.empty((int(stops[-1]), samples[0].node_features.shape[1]), dtype=dtype)
+        self.targets = np.empty(int(stops[-1]), dtype=np.int64)
+        for s, lab, o, start, stop in zip(samples, labels, observed, stops - counts, stops):
             self.features[start:stop] = s.node_features[o]
             self.targets[start:stop] = lab[o]
-            start = stop
 
     def loss_grad(self, w, shape_f, n_labelled, reg):
         value, grad = logistic_loss_and_gradient(self.features, self.targets, w.reshape(shape_f))
