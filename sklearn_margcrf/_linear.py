@@ -22,21 +22,36 @@ import numpy as np
 __all__ = ["feature_scores", "weight_gradient", "logistic_loss_and_gradient"]
 
 
+# The per-row steps the products share. Inlined at numba's IR level, so each
+# caller compiles them with its own fastmath flags, as if written out in place.
+@numba.njit(inline="always")
+def _row_dot(coef, k, features, i):
+    """Row k of the weights dotted with row i of the features."""
+    acc = 0.0
+    for f in range(features.shape[1]):
+        acc += coef[k, f] * features[i, f]
+    return acc
+
+
+@numba.njit(inline="always")
+def _add_scaled_row(out, k, g, features, i):
+    """``out[k] += g * features[i]``."""
+    for f in range(features.shape[1]):
+        out[k, f] += g * features[i, f]
+
+
 # reassociation lets the dot products vectorise; the order is fixed at
 # compile time, so results are still reproducible
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def feature_scores(features, coef):
     """``features @ coef.T`` in float64: (n, D) features (float32 or float64)
     times (M, D) weights -> (n, M) scores."""
-    n, d = features.shape
+    n = features.shape[0]
     m = coef.shape[0]
     out = np.empty((n, m))
     for i in range(n):
         for k in range(m):
-            acc = 0.0
-            for f in range(d):
-                acc += coef[k, f] * features[i, f]
-            out[i, k] = acc
+            out[i, k] = _row_dot(coef, k, features, i)
     return out
 
 
@@ -51,8 +66,7 @@ def weight_gradient(score_grad, features):
         for k in range(m):
             g = score_grad[i, k]
             if g != 0.0:
-                for f in range(d):
-                    out[k, f] += g * features[i, f]
+                _add_scaled_row(out, k, g, features, i)
     return out
 
 
@@ -78,10 +92,7 @@ def logistic_loss_and_gradient(features, targets, coef):
     block = 0.0
     for i in range(n):
         for k in range(m):
-            acc = 0.0
-            for f in range(d):
-                acc += coef[k, f] * features[i, f]
-            scores[k] = acc
+            scores[k] = _row_dot(coef, k, features, i)
         top = scores[0]
         for k in range(1, m):
             top = max(top, scores[k])
@@ -96,6 +107,5 @@ def logistic_loss_and_gradient(features, targets, coef):
             block = 0.0
         for k in range(m):
             g = math.exp(scores[k] - log_z) - (1.0 if k == y else 0.0)
-            for f in range(d):
-                grad[k, f] += g * features[i, f]
+            _add_scaled_row(grad, k, g, features, i)
     return total + block, grad
