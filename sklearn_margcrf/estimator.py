@@ -1129,7 +1129,7 @@ class MarginalCRF(BaseEstimator):
             self._log("init: fitting the independent model (univariate logistic)")
             data = _LogisticData(samples, labels)
             w, _ = self._minimize(
-                lambda w: data.loss_grad(w, shape_f, n_labelled, self.reg),
+                lambda w: data.loss_grad(w, shape_f, self.reg),
                 unary_coef.ravel(), unpack, "independent", stats, int(self.max_iter),
             )
             unary_coef, _ = unpack(w)
@@ -1156,7 +1156,7 @@ class MarginalCRF(BaseEstimator):
             if fast_path:
                 data = _LogisticData(stage_samples, stage_labels)
                 w, stage_info = self._minimize(
-                    lambda w: data.loss_grad(w, shape_f, stage_labelled, self.reg),
+                    lambda w: data.loss_grad(w, shape_f, self.reg),
                     unary_coef.ravel(), unpack, name, stats, stage_max_iter, last,
                 )
                 unary_coef, _ = unpack(w)
@@ -1221,10 +1221,8 @@ class MarginalCRF(BaseEstimator):
                 value += v
                 grad_f += gf
                 grad_g += gg
-            value = value / n_labelled + reg * float(w @ w)
             grad = np.concatenate([grad_f.ravel(), grad_g.ravel()]) if not independent else grad_f.ravel()
-            grad = grad / n_labelled + 2.0 * reg * w
-            return value, grad
+            return _per_pixel_objective(value, grad, w, n_labelled, reg)
 
         w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
         w, info = self._minimize(objective, w0, unpack, stage, stats, max_iter, warn)
@@ -1357,6 +1355,13 @@ class MarginalCRF(BaseEstimator):
         return 1.0 - hamming_error_from_marginals(labels, marginals)
 
 
+def _per_pixel_objective(value, grad, w, n_labelled, reg):
+    """The fit's objective and its gradient from the summed loss and gradient
+    of the images: the mean over the labelled pixels plus the ridge penalty
+    ``reg * |w|^2``."""
+    return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w
+
+
 class _LogisticData:
     """The labelled nodes of every image, stacked, for the independent model
     with the univariate logistic loss (multinomial logistic regression on the
@@ -1366,14 +1371,14 @@ class _LogisticData:
         observed = [lab >= 0 for lab in labels]
         counts = np.array([np.count_nonzero(o) for o in observed])
         stops = np.cumsum(counts)
+        n_labelled = int(stops[-1])
         dtype = np.result_type(*(s.node_features.dtype for s in samples))
-        self.features = np.empty((int(stops[-1]), samples[0].node_features.shape[1]), dtype=dtype)
-        self.targets = np.empty(int(stops[-1]), dtype=np.int64)
+        self.features = np.empty((n_labelled, samples[0].node_features.shape[1]), dtype=dtype)
+        self.targets = np.empty(n_labelled, dtype=np.int64)
         for s, lab, o, start, stop in zip(samples, labels, observed, stops - counts, stops):
             self.features[start:stop] = s.node_features[o]
             self.targets[start:stop] = lab[o]
 
-    def loss_grad(self, w, shape_f, n_labelled, reg):
+    def loss_grad(self, w, shape_f, reg):
         value, grad = logistic_loss_and_gradient(self.features, self.targets, w.reshape(shape_f))
-        grad = grad.ravel()
-        return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w
+        return _per_pixel_objective(value, grad.ravel(), w, self.targets.shape[0], reg)

@@ -155,7 +155,7 @@ def test_independent_fast_path_agrees_with_loss_and_grad():
     config = MarginalCRF()._config("univariate_logistic", "independent", n_states)
     out, _, _ = _chunk_loss_grad(_pack(samples, labels, [0, 1, 2]), F, G, config)
     n_labelled = sum(int((lab >= 0).sum()) for lab in labels)
-    value, grad = _LogisticData(samples, labels).loss_grad(F.ravel(), F.shape, n_labelled, 0.0)
+    value, grad = _LogisticData(samples, labels).loss_grad(F.ravel(), F.shape, 0.0)
     assert value == pytest.approx(sum(v for v, _, _ in out) / n_labelled, rel=1e-10)
     np.testing.assert_allclose(grad, sum(g for _, g, _ in out).ravel() / n_labelled, atol=1e-10)
 
