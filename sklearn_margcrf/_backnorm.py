@@ -9,11 +9,26 @@ back mean field both call this one function.
 from numba import njit
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def backnorm(g, c, out):
-    """Write ``c * (g - g . c)`` into ``out`` (1-D arrays of equal length)."""
-    dot = 0.0
-    for k in range(c.shape[0]):
+    """Write ``c * (g - g . c)`` into ``out`` (1-D arrays of equal length >= 1).
+
+    The dot product starts from its first term, not from ``0.0``, so that it
+    stays in the arrays' precision (float32 or float64)."""
+    dot = g[0] * c[0]
+    for k in range(1, c.shape[0]):
         dot += g[k] * c[k]
     for k in range(c.shape[0]):
         out[k] = c[k] * (g[k] - dot)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def backnorm_ratio(g, c, out):
+    """Write ``backnorm(g, c) / c = g - g . c`` into ``out``: what back TRW
+    needs, ``nu / m``, without forming ``c * (...) / c``, whose factors can
+    leave the floating-point range for entries ``c`` near the message floor."""
+    dot = g[0] * c[0]
+    for k in range(1, c.shape[0]):
+        dot += g[k] * c[k]
+    for k in range(c.shape[0]):
+        out[k] = g[k] - dot

@@ -86,7 +86,7 @@ def incidence(n_nodes, edges):
 def _as_float_array(value, name, ndim, keep_float32=False):
     """``value`` as a C-contiguous finite float64 array (float32 kept as is
     with ``keep_float32``: features stored in single precision halve the
-    memory of large data sets; the model's arithmetic stays in float64)."""
+    memory of large data sets, and a float32 model computes in float32)."""
     dtype = np.float32 if keep_float32 and getattr(value, "dtype", None) == np.float32 else np.float64
     if np.iscomplexobj(value):
         raise TypeError(f"{name} must be an array of real numbers, got complex values")
@@ -164,8 +164,18 @@ def validate_edges(edges, n_nodes):
     return edges
 
 
+def model_dtype(unary, pairwise):
+    """The compute dtype of a model: float32 when ``unary`` and ``pairwise``
+    (or ``unary`` alone, when ``pairwise`` is None) are both float32 arrays,
+    float64 otherwise."""
+    arrays = (unary,) if pairwise is None else (unary, pairwise)
+    single = all(getattr(a, "dtype", None) == np.float32 for a in arrays)
+    return np.dtype(np.float32) if single else np.dtype(np.float64)
+
+
 def validate_model(edges, unary, pairwise):
-    """Validate a pairwise model and return contiguous float64/int64 copies.
+    """Validate a pairwise model and return contiguous int64 edges and
+    ``unary``, ``pairwise`` of the model's compute dtype (:func:`model_dtype`).
 
     Raises
     ------
@@ -173,7 +183,8 @@ def validate_model(edges, unary, pairwise):
         On wrong shapes, out-of-range or self-loop edges, NaN or inf values,
         fewer than two labels or no nodes.
     """
-    unary = _as_float_array(unary, "unary", 2)
+    single = model_dtype(unary, pairwise) == np.float32
+    unary = _as_float_array(unary, "unary", 2, keep_float32=single)
     n_nodes, n_states = unary.shape
     if n_nodes == 0:
         raise ValueError("the graph is empty: unary has no rows (no nodes)")
@@ -182,8 +193,8 @@ def validate_model(edges, unary, pairwise):
     edges = validate_edges(edges, n_nodes)
     n_edges = edges.shape[0]
     if pairwise is None or (n_edges == 0 and np.size(pairwise) == 0):
-        pairwise = np.zeros((n_edges, n_states, n_states))
-    pairwise = _as_float_array(pairwise, "pairwise", 3)
+        pairwise = np.zeros((n_edges, n_states, n_states), unary.dtype)
+    pairwise = _as_float_array(pairwise, "pairwise", 3, keep_float32=single)
     if pairwise.shape != (n_edges, n_states, n_states):
         raise ValueError(
             f"pairwise must have shape (E, K, K) = ({n_edges}, {n_states}, {n_states}) "

@@ -24,7 +24,7 @@ __all__ = ["feature_scores", "weight_gradient", "logistic_loss_and_gradient"]
 
 # The per-row steps the products share. Inlined at numba's IR level, so each
 # caller compiles them with its own fastmath flags, as if written out in place.
-@numba.njit(inline="always")
+@numba.njit(nogil=True, inline="always")
 def _row_dot(coef, k, features, i):
     """Row k of the weights dotted with row i of the features."""
     acc = 0.0
@@ -33,7 +33,7 @@ def _row_dot(coef, k, features, i):
     return acc
 
 
-@numba.njit(inline="always")
+@numba.njit(nogil=True, inline="always")
 def _add_scaled_row(out, k, g, features, i):
     """``out[k] += g * features[i]``."""
     for f in range(features.shape[1]):

@@ -46,7 +46,7 @@ _CACHE = OrderedDict()
 _CACHE_SIZE = 64
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _find(parent, v):
     root = v
     while parent[root] != root:
@@ -58,7 +58,7 @@ def _find(parent, v):
     return root
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forest_cover_count(n_nodes, edges):
     """Number of forests used by a first-fit greedy split of the edges."""
     n_edges = edges.shape[0]

@@ -11,7 +11,8 @@ they are well defined (and differentiable) away from the local polytope too:
 the truncated partition function of Sec. "Truncated Likelihood" plugs in the
 marginals after N iterations, which need not be locally consistent.
 
-Probabilities are floored at ``TINY`` inside logarithms, so that ``0 log 0 = 0``
+Both compute in the marginals' dtype (float32 or float64). Probabilities are
+floored at ``TINY`` (float32: ``1e-37``) inside logarithms, so that ``0 log 0 = 0``
 and gradients stay finite when marginals underflow at extreme parameters.
 """
 
@@ -19,11 +20,15 @@ import numpy as np
 
 __all__ = ["trw_entropy", "mean_field_entropy", "TINY"]
 
-TINY = 1e-300
+TINY = 1e-300  # float64; float32 guards with 1e-37 (its inverse stays finite)
+
+
+def _tiny(p):
+    return p.dtype.type(1e-37 if p.dtype == np.float32 else TINY)
 
 
 def _log(p):
-    return np.log(np.maximum(p, TINY))
+    return np.log(np.maximum(p, _tiny(p)))
 
 
 def _neg_entropy_terms(p):
@@ -40,6 +45,7 @@ def trw_entropy(edges, unary_marginals, pairwise_marginals, rho, *, gradient=Fal
     (grad_unary (n, K), grad_pairwise (E, K, K)), only when ``gradient``.
     """
     mu, mu2 = unary_marginals, pairwise_marginals
+    rho = np.asarray(rho, dtype=mu.dtype)  # in the marginals' precision
     i, j = edges[:, 0], edges[:, 1]
     log_mu = _log(mu)
     log_mu2 = _log(mu2)
@@ -53,7 +59,7 @@ def trw_entropy(edges, unary_marginals, pairwise_marginals, rho, *, gradient=Fal
     # d I(mu_c) / d mu_i(a) = -sum_b mu_c(a, b) / mu_i(a)
     row_sums = mu2.sum(axis=2) * rho[:, None]
     col_sums = mu2.sum(axis=1) * rho[:, None]
-    safe_mu = np.maximum(mu, TINY)
+    safe_mu = np.maximum(mu, _tiny(mu))
     np.add.at(grad_unary, i, row_sums / safe_mu[i])
     np.add.at(grad_unary, j, col_sums / safe_mu[j])
     grad_pairwise = -rho[:, None, None] * (log_ratio + 1.0)

@@ -77,7 +77,7 @@ MAX_TOTAL_ENTRIES = 2 ** 25
 # Forests: two-pass sum-product in the log domain (numba, float or complex)
 # ---------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lse1(a):
     """log(sum(exp(a))) of a 1-D array, shifted by max(Re a) (complex-analytic)."""
     m = a[0].real
@@ -91,7 +91,7 @@ def _lse1(a):
     return m + np.log(s)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bfs_forest(n, ptr, inc_edge, inc_side, edges):
     """BFS order of a forest, roots in increasing node order.
 
@@ -126,7 +126,7 @@ def _bfs_forest(n, ptr, inc_edge, inc_side, edges):
     return order, parent_edge, child_side
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _forest_kernel(ptr, inc_edge, inc_side, edges, unary, tables, mu, pm):
     """Sum-product on a forest (no duplicate edges). Writes the unary
     marginals into ``mu`` (n, K) and the edge marginals into ``pm`` (E, K, K)
@@ -487,7 +487,8 @@ def exact_inference(edges, unary, pairwise, max_table_size=MAX_TABLE_SIZE):
     unary_marginals : (n, K)
     pairwise_marginals : (E, K, K), laid out like ``pairwise``
     log_partition : scalar
-        All float64, or complex128 when an input is complex (complex step).
+        All float32 when ``unary`` and ``pairwise`` are float32, complex128
+        when an input is complex (complex step), float64 otherwise.
 
     Raises
     ------
@@ -497,7 +498,8 @@ def exact_inference(edges, unary, pairwise, max_table_size=MAX_TABLE_SIZE):
     unary = np.asarray(unary)
     pairwise = np.asarray(pairwise)
     is_complex = np.iscomplexobj(unary) or np.iscomplexobj(pairwise)
-    dtype = np.complex128 if is_complex else np.float64
+    single = unary.dtype == np.float32 and pairwise.dtype == np.float32
+    dtype = np.complex128 if is_complex else np.float32 if single else np.float64
     unary = np.ascontiguousarray(unary, dtype=dtype)
     n, n_states = unary.shape
     edges = np.ascontiguousarray(edges, dtype=np.int64).reshape(-1, 2)

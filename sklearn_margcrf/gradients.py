@@ -39,6 +39,8 @@ from ._graph import _as_labels, check_positive, validate_model
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
+from ._checkpoints import check_checkpoints
+from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
@@ -53,9 +55,9 @@ SIDES = (1, 2, 4)
 #: The smallest perturbation multiplier m: the largest step component,
 #: r * ||dQ/dmu||_inf = m * eps**(1/3) * (1 + ||theta||_inf), must reach
 #: eps * (1 + ||theta||_inf), or theta +- r dQ/dmu may round back to theta
-#: and the "gradient" come out exactly zero.
+#: and the "gradient" come out exactly zero (eps of float64; a float32 model
+#: needs m >= eps32**(2/3), about 2.5e-5).
 MIN_MULTIPLIER = np.finfo(np.float64).eps ** (2.0 / 3.0)
-MAX_FALLBACK_STACK_BYTES = 2 * 2**30  # memory the backprop fallback may use for its stack
 
 
 def check_combination(loss, inference, gradient_mode):
@@ -92,14 +94,15 @@ def _check_labels(labels, n_nodes, n_states):
 class _Problem:
     """A validated model with its inference settings; runs forward and backward passes."""
 
-    def __init__(self, edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, sides, multiplier):
+    def __init__(self, edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, sides, multiplier,
+                 checkpoints=None):
         self.edges, self.unary, self.pairwise = edges, unary, pairwise
         self.inference, self.mode = inference, gradient_mode
         self.n_iter = n_iter if gradient_mode == "truncated" else None
         self.tol, self.max_iter = tol, max_iter
         self.rho = rho
         self.sides, self.multiplier = sides, multiplier
-        self.kernel = {"trw": "trw", "lbp": "trw", "mean_field": "mean_field", "exact": "exact"}[inference]
+        self.checkpoints = checkpoints
 
     def forward(self, unary=None, pairwise=None, keep_stack=None, n_iter="default"):
         unary = self.unary if unary is None else unary
@@ -112,13 +115,13 @@ class _Problem:
         # entropy itself, with its gradient
         return run_inference(
             self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
-            log_partition=False,
+            log_partition=False, checkpoints=self.checkpoints,
         )
 
     def backward(self, state, result, grad_unary_marginals, grad_pairwise_marginals):
         """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
         if self.mode == "truncated":
-            return self._kernel_backward()(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
+            return KERNELS[self.inference].backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
         if self.mode == "backprop":  # the kernels' fixed-point mode warns about unconverged messages
             return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
         if not result.converged:
@@ -131,23 +134,18 @@ class _Problem:
             )
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
-        # implicit
-        if self.kernel == "exact":
+        # implicit: scipy's sparse solver and the complex step run in float64;
+        # the gradient is returned in the model's dtype
+        if self.inference == "exact":
             from .exact import exact_hessian_vector
 
-            return exact_hessian_vector(self.edges, self.unary, self.pairwise, grad_unary_marginals, grad_pairwise_marginals)
-        from .implicit import implicit_gradient
+            grads = exact_hessian_vector(self.edges, self.unary, self.pairwise, grad_unary_marginals, grad_pairwise_marginals)
+        else:
+            from .implicit import implicit_gradient
 
-        return implicit_gradient(self.edges, result.unary, result.pairwise, self.rho, grad_unary_marginals, grad_pairwise_marginals)
-
-    def _kernel_backward(self):
-        if self.kernel == "trw":
-            from .trw import trw_backward
-
-            return trw_backward
-        from .mean_field import mean_field_backward
-
-        return mean_field_backward
+            grads = implicit_gradient(self.edges, result.unary.astype(np.float64), result.pairwise.astype(np.float64),
+                                      self.rho, grad_unary_marginals, grad_pairwise_marginals)
+        return tuple(g.astype(self.unary.dtype, copy=False) for g in grads)
 
     def _backprop(self, state, grad_unary_marginals, grad_pairwise_marginals):
         """Stack-free reverse sweeps at the converged messages (Eaton and Ghahramani).
@@ -161,7 +159,7 @@ class _Problem:
         iterations inference ran (re-run with a stack), which is the exact
         gradient of the reported loss, and a BackpropFallbackWarning says so.
         """
-        backward = self._kernel_backward()
+        backward = KERNELS[self.inference].backward
         sweeps = 4 * int(state.n_iter) + 100
         try:
             return backward(
@@ -169,13 +167,8 @@ class _Problem:
                 tol=self.tol, max_iter=sweeps, on_divergence="raise",
             )
         except BackpropDivergenceError as exc:
-            n_states = self.unary.shape[1]
-            stack_bytes = 8 * int(state.n_iter) * max(2 * self.edges.shape[0] * n_states, self.unary.size)
-            if stack_bytes > MAX_FALLBACK_STACK_BYTES:
-                raise BackpropDivergenceError(
-                    f"{exc}; differentiating the {state.n_iter} forward iterations instead would need "
-                    f"{stack_bytes / 2**30:.1f} GiB: use a tighter tol or gradient_mode='truncated'"
-                ) from None
+            # the stack of the forward iterations is checkpointed (self.checkpoints,
+            # or the memory budget of checkpoints=None), so its memory is bounded
             warn_at_caller(
                 f"gradient_mode='backprop': {exc}; the gradient was computed through the "
                 f"{state.n_iter} forward iterations instead (exact for the reported loss)",
@@ -190,7 +183,8 @@ class _Problem:
         if scale == 0.0:
             return np.zeros_like(self.unary), np.zeros_like(self.pairwise)
         theta_norm = max(np.max(np.abs(self.unary), initial=0.0), np.max(np.abs(self.pairwise), initial=0.0))
-        r = self.multiplier * np.finfo(float).eps ** (1.0 / 3.0) * (1.0 + theta_norm) / scale
+        eps = float(np.finfo(self.unary.dtype).eps)  # the step must survive rounding in the model's precision
+        r = self.multiplier * eps ** (1.0 / 3.0) * (1.0 + theta_norm) / scale
 
         def marginals_at(step):
             res = self.forward(self.unary + step * grad_unary_marginals, self.pairwise + step * grad_pairwise_marginals, keep_stack=False)[1]
@@ -208,13 +202,13 @@ class _Problem:
     def log_partition_and_grad(self):
         """The method's log-partition estimate A~(theta) and its gradient."""
         state, result = self.forward()
-        if self.kernel == "exact":
+        if self.inference == "exact":
             # A = log Z exactly, and dA/dtheta = mu.
             return result.log_partition, result.unary.copy(), result.pairwise.copy()
         entropy, (dh_unary, dh_pairwise) = method_entropy(
             self.inference, self.edges, result.unary, result.pairwise, self.rho, gradient=True
         )
-        value = float(np.sum(self.unary * result.unary) + np.sum(self.pairwise * result.pairwise) + entropy)
+        value = np.sum(self.unary * result.unary) + np.sum(self.pairwise * result.pairwise) + entropy
         back_unary, back_pairwise = self.backward(state, result, self.unary + dh_unary, self.pairwise + dh_pairwise)
         return value, result.unary + back_unary, result.pairwise + back_pairwise
 
@@ -273,7 +267,7 @@ def _surrogate_likelihood(problem, labels):
         sub_rho = None if problem.rho is None else np.ascontiguousarray(problem.rho[kept_edges])
         sub_problem = _Problem(
             sub_edges, sub_unary, sub_pairwise, problem.inference, problem.mode, problem.n_iter,
-            problem.tol, problem.max_iter, sub_rho, problem.sides, problem.multiplier,
+            problem.tol, problem.max_iter, sub_rho, problem.sides, problem.multiplier, problem.checkpoints,
         )
         sub_value, sub_grad_unary, sub_grad_pairwise = sub_problem.log_partition_and_grad()
         clamped_value = constant + sub_value
@@ -298,13 +292,18 @@ def loss_and_grad(
     alpha=15.0,
     sides=2,
     multiplier=1.0,
+    checkpoints=None,
 ):
     """Loss of one labelled example and its gradient with respect to theta.
 
     Parameters
     ----------
     edges, unary, pairwise : arrays
-        The model, as for :func:`sklearn_margcrf.infer`.
+        The model, as for :func:`sklearn_margcrf.infer`. Everything is
+        computed in float32 when ``unary`` and ``pairwise`` are both float32
+        arrays, in float64 otherwise, and the gradients have that dtype
+        (implicit differentiation solves its linear system in float64 and
+        returns the gradient in the model's dtype).
     labels : array-like of shape (n,)
         Integer labels in ``[0, K)``; -1 marks a hidden (unobserved) node.
     loss : str, default="univariate_logistic"
@@ -336,7 +335,18 @@ def loss_and_grad(
         Finite differences of the perturbation mode.
     multiplier : float, default=1.0
         Step multiplier m of the perturbation mode, at least
-        ``eps**(2/3)`` (about 3.7e-11; a smaller step rounds away).
+        ``eps**(2/3)`` of the model's dtype (float64: about 3.7e-11, float32:
+        about 2.5e-5; a smaller step rounds away).
+    checkpoints : int >= 1 or None, default=None
+        Memory of truncated fitting (and of the back-propagation fallback):
+        the forward pass keeps only this many snapshots of the messages and
+        the backward pass recomputes the iterations between them
+        (checkpointed reverse mode; the gradient is the same to rounding).
+        About ``sqrt(2 * n_iter)`` snapshots are the fewest that help; the
+        extra cost is at most one more forward pass. None keeps one snapshot
+        per iteration while they fit
+        ``sklearn_margcrf._checkpoints.STACK_MEMORY_BUDGET`` (1 GiB) and as
+        many as fit otherwise.
 
     Returns
     -------
@@ -354,11 +364,13 @@ def loss_and_grad(
     if sides not in SIDES or isinstance(sides, bool):
         raise ValueError(f"sides must be one of {SIDES}, got {sides!r}")
     multiplier = check_positive(multiplier, "multiplier")
-    if multiplier < MIN_MULTIPLIER:
+    smallest = np.finfo(unary.dtype).eps ** (2.0 / 3.0)
+    if multiplier < smallest:
         raise ValueError(
-            f"multiplier must be at least eps**(2/3) = {MIN_MULTIPLIER:.3g}, got {multiplier!r}: a smaller "
-            "perturbation step rounds away in float64 and gives a zero gradient"
+            f"multiplier must be at least eps**(2/3) = {smallest:.3g}, got {multiplier!r}: a smaller "
+            f"perturbation step rounds away in {unary.dtype} and gives a zero gradient"
         )
+    checkpoints = check_checkpoints(checkpoints)
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
     if gradient_mode == "truncated" and n_iter is None and loss not in INFERENCE_FREE_LOSSES:
         raise ValueError("gradient_mode='truncated' needs an integer n_iter (the number of iterations to differentiate)")
@@ -373,7 +385,8 @@ def loss_and_grad(
         return (pseudolikelihood if loss == "pseudolikelihood" else piecewise)(edges, unary, pairwise, labels)
 
     rho = resolve_rho(rho, check_method(inference), n_nodes, edges)
-    problem = _Problem(edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, int(sides), multiplier)
+    problem = _Problem(edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, int(sides), multiplier,
+                       checkpoints)
     if loss == "surrogate_likelihood":
         value, grad_unary, grad_pairwise = _surrogate_likelihood(problem, labels)
         return float(value), grad_unary, grad_pairwise

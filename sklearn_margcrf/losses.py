@@ -31,9 +31,13 @@ variables only.  Precisely,
   every neighbour of i* are observed -- terms touching a hidden node are
   dropped (the conditional p(x_i | x_N(i)) is undefined without them).
 
+Precision: every function computes in the dtype of its array arguments
+(float32 when they are float32, float64 otherwise) and returns gradients of
+that dtype.
+
 Log guard: at extreme parameters a marginal can underflow to 0.  The logistic
-losses evaluate ``-log(max(mu, LOG_FLOOR))`` with ``LOG_FLOOR = 1e-300`` and
-return the gradient ``-1 / max(mu, LOG_FLOOR)``.  Above the floor this is the
+losses evaluate ``-log(max(mu, floor))`` with ``floor = LOG_FLOOR = 1e-300``
+in float64 (``1e-37`` in float32) and return the gradient ``-1 / max(mu, floor)``.  Above the floor this is the
 exact derivative; below it the value and gradient stay finite (the gradient is
 the one at the floor, so ``mu * grad`` -- what a softmax-type backward pass
 forms -- stays within [-1, 0]).
@@ -58,6 +62,12 @@ MARGINAL_LOSSES = (
 )
 
 LOG_FLOOR = 1e-300
+_LOG_FLOOR_FLOAT32 = 1e-37  # 1 / floor stays finite in float32
+
+
+def _float_dtype(*arrays):
+    """float32 when every array is float32, float64 otherwise."""
+    return np.dtype(np.float32) if all(np.asarray(a).dtype == np.float32 for a in arrays) else np.dtype(np.float64)
 
 
 # ---------------------------------------------------------------------------
@@ -80,9 +90,10 @@ def _edge_mask(edges, observed):
 
 
 def _neg_log_and_grad(values):
-    """-log(max(v, LOG_FLOOR)) and the gradient -1 / max(v, LOG_FLOOR)."""
-    clipped = np.maximum(values, LOG_FLOOR)
-    return -np.log(clipped), -1.0 / clipped
+    """-log(max(v, floor)) and the gradient -1 / max(v, floor) (floor: LOG_FLOOR, or its float32 value)."""
+    floor = _LOG_FLOOR_FLOAT32 if values.dtype == np.float32 else LOG_FLOOR
+    clipped = np.maximum(values, values.dtype.type(floor))
+    return -np.log(clipped), -1 / clipped
 
 
 def _check_alpha(alpha):
@@ -199,7 +210,8 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     if name == "smooth_classification":
         alpha = _check_alpha(alpha)
 
-    mu = np.asarray(unary_marginals, dtype=np.float64)
+    dtype = _float_dtype(unary_marginals) if pairwise_marginals is None else _float_dtype(unary_marginals, pairwise_marginals)
+    mu = np.asarray(unary_marginals, dtype=dtype)
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     n_states = mu.shape[1]
     labels, observed, safe = _labels_and_mask(labels)
@@ -209,8 +221,8 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
             raise ValueError("clique_logistic needs pairwise_marginals, got None")
         mu2 = None
     else:
-        mu2 = np.asarray(pairwise_marginals, dtype=np.float64)
-    zero_pairwise = np.zeros((edges.shape[0], n_states, n_states))
+        mu2 = np.asarray(pairwise_marginals, dtype=dtype)
+    zero_pairwise = np.zeros((edges.shape[0], n_states, n_states), dtype)
 
     if name == "univariate_logistic":
         value, grad = _univariate_logistic(mu, observed, safe)
@@ -231,10 +243,11 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
 
 
 def _model_and_labels(edges, unary, pairwise, labels):
-    """Arrays of a model (int64 edges, float64 theta) and its label masks."""
+    """Arrays of a model (int64 edges, theta of the model's dtype) and its label masks."""
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    unary = np.asarray(unary, dtype=np.float64)
-    pairwise = np.asarray(pairwise, dtype=np.float64)
+    dtype = _float_dtype(unary, pairwise)
+    unary = np.asarray(unary, dtype=dtype)
+    pairwise = np.asarray(pairwise, dtype=dtype)
     return (edges, unary, pairwise) + tuple(_labels_and_mask(labels))
 
 

@@ -34,7 +34,7 @@ information rightwards along every row and then downwards along every column,
 and the backward sweep upwards and then leftwards, like the monotone-chain
 schedules of Meltzer et al.
 
-This order *defines* the schedule; the K = 2 forward kernel executes it in
+This order *defines* the schedule; the K = 2 forward sweep executes it in
 another one (``_interleave``). Along an image row each update depends on
 the one just before it, so the rows' updates are alternated pairwise (the
 rows are independent), which lets the processor overlap them. Every two
@@ -70,7 +70,8 @@ Numerical stability
   gradient is the exact gradient of what the forward pass computes.
 - A message entry at the floor is a constant of the forward pass, so the
   backward pass accumulates no adjoint for it (exact for the floored forward,
-  and it keeps the adjoints finite). Step 8(c) is evaluated as
+  and it keeps the adjoints finite). Step 8(b) forms ``nu / m = g - g . m``
+  directly (``backnorm_ratio``) and step 8(c) is evaluated as
   ``(A tab) * (nu / m / Z)``, which stays finite because ``A tab <= Z``.
 - Limitation: a message entry smaller than ``1e-300`` cannot be represented,
   so when parameter differences exceed roughly ``690 rho`` the floor can shift
@@ -80,6 +81,27 @@ Numerical stability
   warns when there are any). Gradients can overflow only when adjoints are
   huge *and* messages within a few orders of magnitude of the floor.
 
+Precision
+---------
+The kernels compute in the dtype of ``unary`` and ``pairwise``: float64, or
+float32 when both are float32 (half the memory and memory traffic: tables,
+messages, snapshots, marginals and gradients are all float32). In float32 the
+floor is ``1e-37`` and the log-domain range ``[1e-25, 1e30]``, so messages are
+exact up to parameter differences of about ``85 rho``; measured on random
+grids, marginals and truncated gradients agree with float64 to 1e-5 for
+``|theta| <= 20`` (``rho >= 0.5``), and stay finite and normalised (but drift
+from float64) beyond. The adjoint messages of the backward pass are float64 in
+both precisions: the adjoint of a message entry near the float32 floor can
+exceed float32's range before the following ``backnorm`` brings it back.
+
+Variants
+--------
+Every kernel has one body. Its first argument ``kt`` is a tuple whose length
+is K (``(0,) * K``, or ``()`` for a generic build), so numba compiles one
+version per K, in which the label loops have constant trip counts that the
+compiler unrolls and vectorises; the limits of the compute dtype arrive as a
+named tuple ``lim``. Both are chosen in Python (``_label_token``, ``_limits``).
+
 Back TRW (paper, Algorithm "Back TRW" and Appendix C)
 ------------------------------------------------------
 ``trw_backward(mode="truncated")`` differentiates exactly the ``n_iter``
@@ -88,10 +110,9 @@ every overwritten message on a stack; since each message is overwritten
 exactly once per iteration we keep one snapshot of all messages per iteration,
 ``stack[t] = messages before iteration t`` (``n_iter * 2E * K`` floats, twice
 that when ``rho`` is neither all 1 nor all 0.5, where the powers ``m ** rho``
-are kept too so that the reverse pass needs no ``pow``). The reverse sweep
-kernels ``_reverse_sweep_k2`` / ``_reverse_sweep_kk`` follow step 8 of
-the Algorithm and ``_trw_backward_kernel`` steps 6 and 7; comments give the
-step numbers.
+are kept too so that the reverse pass needs no ``pow``). ``_reverse_sweep``
+follows step 8 of the Algorithm and ``_backward_start`` steps 6 and 7;
+comments give the step numbers.
 
 ``trw_backward(mode="fixed_point")`` is the paper's "back-propagation" (Eaton
 and Ghahramani's back BP generalised to TRW): the messages are held at their
@@ -115,68 +136,102 @@ message from edge ``incidence.edge[k]`` into its node, so the messages into a
 node are contiguous. The schedule is tabulated once per call (for each update:
 target slot, reverse slot, the sender's slot range and the sender), together
 with the potential tables in schedule order, so the kernels stream through
-them. ``K = 2`` has its own kernels with scalar arithmetic; every kernel
-allocates its scratch space once, outside the per-message loop. Only the
-``K = 2`` forward sweep runs in the interleaved order (through an index array:
-the tables stay in schedule order); the other sweeps do more work per update,
-which the processor already overlaps, and measured slower when interleaved.
+them. Every kernel allocates its scratch space once, outside the per-message
+loop. The forward sweep runs in interleaved order for K = 2 (through an index
+array: the tables stay in schedule order); with more labels an update does
+enough work for the processor to overlap consecutive ones by itself.
+
+Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
+some snapshots, and ``trw_backward`` recomputes each segment of iterations
+from its first snapshot, in the same order and with the same arithmetic, so
+the gradient is bitwise that of the full stack (:mod:`._checkpoints`).
 """
 
 import math
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
-from ._backnorm import backnorm
-from ._graph import incidence
+from ._backnorm import backnorm, backnorm_ratio
+from ._checkpoints import check_checkpoints, segment_plan
+from ._graph import incidence, model_dtype
 from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
 
 __all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
 
-_MSG_FLOOR = 1e-300  # smallest message entry
+__all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
+
+# Numerical limits per compute dtype (see "Numerical stability"): the message
+# floor, the range of normalising sums outside which the log-domain path runs,
+# the inverse of a floored entry, and the size beyond which fixed-point
+# reverse sweeps count as diverged. float32 keeps the same margins in its
+# narrower range: 1 / floor and K / floor stay finite for K <= 30.
+_Limits = namedtuple("_Limits", "floor tiny huge inv_floor zero half one")
+
+
+def _limits(dtype):
+    dtype = np.dtype(dtype)
+    floor, tiny, huge = (1e-300, 1e-200, 1e300) if dtype == np.float64 else (1e-37, 1e-25, 1e30)
+    t = dtype.type
+    return _Limits(t(floor), t(tiny), t(huge), t(1) / t(floor), t(0), t(0.5), t(1))
+
+
 _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
-_TINY = 1e-200  # normalising sums below this use the log-domain path
-_HUGE = 1e300  # ... and so do sums above this
-_IM_FLOORED = 1.0 / _MSG_FLOOR  # inverse of a floored message entry
+
+
+_MSG_FLOOR = 1e-300  # float64 floor (quoted in warnings)
+#: Smallest message entry per compute dtype, as quoted to users.
+MESSAGE_FLOOR = {np.dtype(np.float64): 1e-300, np.dtype(np.float32): 1e-37}
 
 # rho classes, chosen in Python, branched on in the kernels
 _RHO_GENERAL = 0  # m ** rho
 _RHO_ONE = 1  # m (loopy BP): the power array *is* the message array
 _RHO_HALF = 2  # sqrt(m)
 
-# Use the K = 2 kernels when K == 2 (tests switch this off to compare).
-_SPECIALISE_K2 = True
+# The kernels are compiled for a constant number of labels K up to this many:
+# the label loops then have constant trip counts, which the compiler unrolls
+# and vectorises (K = 8 forward sweep: 0.33 instead of 0.40 s for 20
+# iterations on a 200 x 300 grid). Larger K run one generic compilation.
+_MAX_SPECIALISED_K = 8
 
-# Run the K = 2 forward sweeps in interleaved order (tests switch this off to
-# compare with the canonical order), merging this many chains at the most
-# (forward pass on a 232 x 315 grid, 20 iterations, idle machine: 102-106,
-# 115-118 and 128-129 ms for 2, 3 and 4 chains; more chains, more memory
-# streams).
-_INTERLEAVE = True
+# Merge this many independent chains in the K = 2 forward sweep (see
+# ``_interleave``; 232 x 315 grid, 20 iterations: 102-106, 115-118 and
+# 128-129 ms for 2, 3 and 4 chains).
 _INTERLEAVE_WIDTH = 2
 
-_NO_STACK = np.empty((0, 0, 0))
+
+def _label_token(n_states, specialise=True):
+    """The kernels' first argument: a tuple whose *length* is K (its type, so
+    numba compiles one specialisation per K) or empty for the generic build."""
+    return (0,) * n_states if specialise and n_states <= _MAX_SPECIALISED_K else ()
 
 
-@njit(cache=True, inline="always")
-def _live(value, inv_message):
+@njit(cache=True, nogil=True, inline="always")
+def _n_states(kt, eu):
+    """K: a compile-time constant for a specialised build, else eu's width."""
+    return len(kt) if len(kt) > 0 else eu.shape[1]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _live(value, inv_message, lim):
     """``value`` unless the message entry whose inverse is ``inv_message`` sits
     at the floor. A floored entry is a constant of the forward pass, so no
     adjoint is accumulated for it (this keeps the backward pass finite and
     exact for the floored forward: the adjoint of a floored entry is zero when
     its update is reversed, step 8(b))."""
-    return value if inv_message < _IM_FLOORED else 0.0
+    return value if inv_message < lim.inv_floor else lim.zero
 
 
-@njit(cache=True, inline="always")
-def _slot_rho(rho_mode, rho_slot, k):
+@njit(cache=True, nogil=True, inline="always")
+def _slot_rho(rho_mode, rho_slot, k, lim):
     """``rho_slot[k]``, as a constant for the uniform classes: that spares the
     reverse sweeps one memory stream (3-5% of a K = 2 backward pass)."""
     if rho_mode == _RHO_HALF:
-        return 0.5
+        return lim.half
     if rho_mode == _RHO_ONE:
-        return 1.0
+        return lim.one
     return rho_slot[k]
 
 
@@ -185,7 +240,7 @@ def _slot_rho(rho_mode, rho_slot, k):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
     """Max-shifted exponential tables.
 
@@ -219,8 +274,8 @@ def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
                 tabs[back, b, a] = v
     for st in range(2 * E):
         for a in range(K):
-            acc = 0.0
-            for b in range(K):
+            acc = tabs[st, a, 0]
+            for b in range(1, K):
                 acc += tabs[st, a, b]
             rsum[st, a] = acc
 
@@ -230,7 +285,7 @@ def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _log_cavity(u, r, lo, hi, unary, rho_slot, M, out):
     """``out[x] = log A(x) = theta_u(x) + sum_{k in slots(u)} rho_k log m_k(x) - log m_r(x)``."""
     K = out.shape[0]
@@ -242,7 +297,7 @@ def _log_cavity(u, r, lo, hi, unary, rho_slot, M, out):
             out[x] += rk * math.log(M[k, x])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q):
     """Normalised ``q[x_u, x_v] = s(x_c) / sum s`` of schedule step ``st``,
     computed in the log domain from the raw parameters."""
@@ -274,13 +329,13 @@ def _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_s
             q[xu, xv] /= total
 
 
-@njit(cache=True, inline="always")
-def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho):
+@njit(cache=True, nogil=True, inline="always")
+def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho, lim):
     """Write message entry ``m`` (floored), its inverse and its power ``m ** rho``."""
-    if m < _MSG_FLOOR:
-        m = _MSG_FLOOR
+    if m < lim.floor:
+        m = lim.floor
     M[t, x] = m
-    IM[t, x] = 1.0 / m
+    IM[t, x] = lim.one / m
     if rho_mode == _RHO_HALF:
         MP[t, x] = math.sqrt(m)
     elif rho_mode == _RHO_GENERAL:
@@ -288,17 +343,17 @@ def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho):
     # _RHO_ONE: MP is M
 
 
-@njit(cache=True)
-def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q):
+@njit(cache=True, nogil=True)
+def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q, lim):
     """Log-domain version of the message update of step ``st`` (fallback)."""
     K = cav.shape[0]
     t = sched[st, 0]
     _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
     for xv in range(K):
-        m = 0.0
-        for xu in range(K):
+        m = q[0, xv]
+        for xu in range(1, K):
             m += q[xu, xv]
-        _store_message_entry(M, MP, IM, t, xv, m, rho_mode, rho_sched[st])
+        _store_message_entry(M, MP, IM, t, xv, m, rho_mode, rho_sched[st], lim)
 
 
 # ---------------------------------------------------------------------------
@@ -306,10 +361,11 @@ def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
-def _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u):
+@njit(cache=True, nogil=True)
+def _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u):
     """mu_i ∝ exp(theta_i) prod_{d∋i} m_d^rho_d. Returns the number of fallbacks."""
-    n, K = mu_u.shape
+    n = mu_u.shape[0]
+    K = _n_states(kt, eu)
     n_fallback = 0
     for i in range(n):
         for x in range(K):
@@ -317,11 +373,11 @@ def _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u):
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
                 mu_u[i, x] *= MP[k, x]
-        total = 0.0
+        total = lim.zero
         for x in range(K):
             total += mu_u[i, x]
-        if total > _TINY and total < _HUGE:
-            inv = 1.0 / total
+        if total > lim.tiny and total < lim.huge:
+            inv = lim.one / total
             for x in range(K):
                 mu_u[i, x] *= inv
             continue
@@ -331,11 +387,11 @@ def _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u):
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
                 mu_u[i, x] += rho_slot[k] * math.log(M[k, x])
-        top = -np.inf
-        for x in range(K):
+        top = mu_u[i, 0]
+        for x in range(1, K):
             if mu_u[i, x] > top:
                 top = mu_u[i, x]
-        total = 0.0
+        total = lim.zero
         for x in range(K):
             mu_u[i, x] = math.exp(mu_u[i, x] - top)
             total += mu_u[i, x]
@@ -344,13 +400,13 @@ def _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u):
     return n_fallback
 
 
-@njit(cache=True)
-def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p):
+@njit(cache=True, nogil=True)
+def _pairwise_marginals(lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p):
     """mu_c ∝ exp(theta_c / rho_c) A_ci A_cj, ``mu_p`` (E, K*K) row-major in (x_i, x_j)."""
     E = edges.shape[0]
     K = eu.shape[1]
-    ai = np.empty(K)
-    aj = np.empty(K)
+    ai = np.empty(K, eu.dtype)
+    aj = np.empty(K, eu.dtype)
     n_fallback = 0
     for c in range(E):
         i = edges[c, 0]
@@ -369,14 +425,14 @@ def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho
         for x in range(K):
             ai[x] *= IM[a, x]
             aj[x] *= IM[b, x]
-        total = 0.0
+        total = lim.zero
         for xi in range(K):
             for xj in range(K):
                 v = tabs[c, xi, xj] * ai[xi] * aj[xj]  # forward-sweep table = (x_i, x_j) layout
                 mu_p[c, xi * K + xj] = v
                 total += v
-        if total > _TINY and total < _HUGE:
-            inv = 1.0 / total
+        if total > lim.tiny and total < lim.huge:
+            inv = lim.one / total
             for k in range(K * K):
                 mu_p[c, k] *= inv
             continue
@@ -391,7 +447,7 @@ def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho
                 mu_p[c, xi * K + xj] = v
                 if v > top:
                     top = v
-        total = 0.0
+        total = lim.zero
         for k in range(K * K):
             mu_p[c, k] = math.exp(mu_p[c, k] - top)
             total += mu_p[c, k]
@@ -400,7 +456,7 @@ def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho
     return n_fallback
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _max_abs_diff(a, b):
     n, K = a.shape
     worst = 0.0
@@ -423,13 +479,15 @@ def _max_abs_diff(a, b):
 #   M[t]    = max(m0 / sum m0, floor),  MP[t] = M[t] ** rho_c,  IM[t] = 1 / M[t]
 
 
-@njit(cache=True)
-def _sweep_k2(
-    sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q
-):
-    """One TRW iteration for K = 2 (scalar arithmetic), steps in the order
-    ``order`` (see ``_interleave``). Returns the number of log-domain
-    fallbacks."""
+@njit(cache=True, nogil=True)
+def _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+           rho_slot, cav, out, q):
+    """One TRW iteration, its steps in the order ``order`` (see
+    ``_interleave``); ``cav``, ``out`` (K,) and ``q`` (K, K) are scratch.
+    Returns the number of log-domain fallbacks."""
+    K = _n_states(kt, eu)
+    cav = np.empty(K, eu.dtype)
+    out = np.empty(K, eu.dtype)
     n_fallback = 0
     for p in range(order.shape[0]):
         st = order[p]
@@ -438,56 +496,29 @@ def _sweep_k2(
         u = sched[st, 4]
         # cavity; the product runs over the slots backwards, which puts the
         # most recently updated message last on grid-like orderings (shorter
-        # dependency chain); the backward kernels use the same order
-        a0 = eu[u, 0] * IM[r, 0]
-        a1 = eu[u, 1] * IM[r, 1]
-        for k in range(sched[st, 3] - 1, sched[st, 2] - 1, -1):
-            a0 *= MP[k, 0]
-            a1 *= MP[k, 1]
-        o0 = a0 * tabs[st, 0, 0] + a1 * tabs[st, 1, 0]
-        o1 = a0 * tabs[st, 0, 1] + a1 * tabs[st, 1, 1]
-        total = o0 + o1
-        if total > _TINY and total < _HUGE:
-            inv = 1.0 / total
-            _store_message_entry(M, MP, IM, t, 0, o0 * inv, rho_mode, rho_sched[st])
-            _store_message_entry(M, MP, IM, t, 1, o1 * inv, rho_mode, rho_sched[st])
-        else:
-            n_fallback += 1
-            _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
-    return n_fallback
-
-
-@njit(cache=True)
-def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q):
-    """One TRW iteration, any K (``cav`` (K,) and ``q`` (K, K) scratch)."""
-    K = eu.shape[1]
-    out = q[0]  # scratch row; q itself is only used by the fallback, after out
-    n_fallback = 0
-    for st in range(sched.shape[0]):
-        t = sched[st, 0]
-        r = sched[st, 1]
-        u = sched[st, 4]
+        # dependency chain); the reverse sweep uses the same order
         for x in range(K):
             cav[x] = eu[u, x] * IM[r, x]
         for k in range(sched[st, 3] - 1, sched[st, 2] - 1, -1):
             for x in range(K):
                 cav[x] *= MP[k, x]
-        for x in range(K):
-            out[x] = 0.0
-        for xu in range(K):
+        for xv in range(K):
+            out[xv] = cav[0] * tabs[st, 0, xv]
+        for xu in range(1, K):
             a = cav[xu]
             for xv in range(K):
                 out[xv] += a * tabs[st, xu, xv]
-        total = 0.0
-        for x in range(K):
+        total = out[0]
+        for x in range(1, K):
             total += out[x]
-        if total > _TINY and total < _HUGE:
-            inv = 1.0 / total
+        if total > lim.tiny and total < lim.huge:
+            inv = lim.one / total
             for x in range(K):
-                _store_message_entry(M, MP, IM, t, x, out[x] * inv, rho_mode, rho_sched[st])
+                _store_message_entry(M, MP, IM, t, x, out[x] * inv, rho_mode, rho_sched[st], lim)
         else:
             n_fallback += 1
-            _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q)
+            _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM,
+                         cav, q, lim)
     return n_fallback
 
 
@@ -510,123 +541,32 @@ def _sweep_kk(sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, 
 #   (g) dL/dm_ci = 0
 
 
-@njit(cache=True)
-def _reverse_sweep_k2(
-    it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-    g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
-):
-    """Step 8 for every pair in reverse order, K = 2."""
+@njit(cache=True, nogil=True)
+def _reverse_sweep(kt, lim, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
+                   stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q):
+    """Step 8 for every pair in reverse order; with ``restore``, the messages
+    are restored from ``stack[slot]`` (and ``stack_pow[slot]``)."""
+    K = _n_states(kt, eu)
     keep_pow = stack_pow.shape[0] > 0
     n_steps = sched.shape[0]
     n_fwd = n_steps // 2
-    for st in range(sched.shape[0] - 1, -1, -1):
+    for st in range(n_steps - 1, -1, -1):
         t = sched[st, 0]
         r = sched[st, 1]
         lo = sched[st, 2]
         hi = sched[st, 3]
         u = sched[st, 4]
         # (b) nu = backnorm(dL/dm_ci, m_ci); keep nu / m_ci
-        backnorm(Madj[t], M[t], nu)
-        r0 = nu[0] * IM[t, 0]
-        r1 = nu[1] * IM[t, 1]
+        backnorm_ratio(Madj[t], M[t], rv)
         # (a) s = tabs[st] * A(x_u)
-        a0 = eu[u, 0] * IM[r, 0]
-        a1 = eu[u, 1] * IM[r, 1]
-        for k in range(hi - 1, lo - 1, -1):
-            a0 *= MP[k, 0]
-            a1 *= MP[k, 1]
-        z = a0 * rsum[st, 0] + a1 * rsum[st, 1]
-        if z > _TINY and z < _HUGE:
-            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
-            inv = 1.0 / z
-            r0 *= inv
-            r1 *= inv
-            v00 = a0 * tabs[st, 0, 0] * r0
-            v01 = a0 * tabs[st, 0, 1] * r1
-            v10 = a1 * tabs[st, 1, 0] * r0
-            v11 = a1 * tabs[st, 1, 1] * r1
-        else:
-            _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
-            v00 = q[0, 0] * r0
-            v01 = q[0, 1] * r1
-            v10 = q[1, 0] * r0
-            v11 = q[1, 1] * r1
-        # (c)
-        if st < n_fwd:  # forward sweep, c = st, (x_u, x_v) = (x_i, x_j)
-            g_p[st, 0] += v00
-            g_p[st, 1] += v01
-            g_p[st, 2] += v10
-            g_p[st, 3] += v11
-        else:  # backward sweep, c = 2E-1-st, (x_u, x_v) = (x_j, x_i)
-            c = n_steps - 1 - st
-            g_p[c, 0] += v00
-            g_p[c, 2] += v01
-            g_p[c, 1] += v10
-            g_p[c, 3] += v11
-        # (d)
-        h0 = v00 + v01
-        h1 = v10 + v11
-        g_u[u, 0] += h0
-        g_u[u, 1] += h1
-        # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
-        for k in range(lo, hi):
-            rk = _slot_rho(rho_mode, rho_slot, k)
-            Madj[k, 0] += _live(rk * h0 * IM[k, 0], IM[k, 0])
-            Madj[k, 1] += _live(rk * h1 * IM[k, 1], IM[k, 1])
-        Madj[r, 0] -= _live(h0 * IM[r, 0], IM[r, 0])
-        Madj[r, 1] -= _live(h1 * IM[r, 1], IM[r, 1])
-        # (f) pull m_ci from the stack
-        if restore:
-            m0 = stack[it, t, 0]
-            m1 = stack[it, t, 1]
-            M[t, 0] = m0
-            M[t, 1] = m1
-            IM[t, 0] = 1.0 / m0
-            IM[t, 1] = 1.0 / m1
-            if rho_mode == _RHO_HALF:
-                MP[t, 0] = math.sqrt(m0)
-                MP[t, 1] = math.sqrt(m1)
-            elif keep_pow:
-                MP[t, 0] = stack_pow[it, t, 0]
-                MP[t, 1] = stack_pow[it, t, 1]
-        # (g)
-        Madj[t, 0] = 0.0
-        Madj[t, 1] = 0.0
-
-
-@njit(cache=True)
-def _reverse_sweep_kk(
-    it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-    g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
-):
-    """Step 8 for every pair in reverse order, any K."""
-    K = eu.shape[1]
-    keep_pow = stack_pow.shape[0] > 0
-    n_steps = sched.shape[0]
-    n_fwd = n_steps // 2
-    rv = np.empty(K)
-    h = np.empty(K)
-    for st in range(sched.shape[0] - 1, -1, -1):
-        t = sched[st, 0]
-        r = sched[st, 1]
-        lo = sched[st, 2]
-        hi = sched[st, 3]
-        u = sched[st, 4]
-        # (b)
-        backnorm(Madj[t], M[t], nu)
-        for x in range(K):
-            rv[x] = nu[x] * IM[t, x]
-        # (a)
         for x in range(K):
             cav[x] = eu[u, x] * IM[r, x]
         for k in range(hi - 1, lo - 1, -1):
             for x in range(K):
                 cav[x] *= MP[k, x]
-        z = 0.0
-        for x in range(K):
+        z = cav[0] * rsum[st, 0]
+        for x in range(1, K):
             z += cav[x] * rsum[st, x]
-        for x in range(K):
-            h[x] = 0.0
         # (c) goes to g_p[c, x_i * K + x_j]: forward sweep (st < E): c = st,
         # (x_u, x_v) = (x_i, x_j); backward sweep: c = 2E-1-st, (x_u, x_v) = (x_j, x_i)
         if st < n_fwd:
@@ -637,49 +577,51 @@ def _reverse_sweep_kk(
             c = n_steps - 1 - st
             su = 1
             sv = K
-        # (loops ordered x_v outer, x_u inner: K independent sums for h)
-        if z > _TINY and z < _HUGE:
+        if z > lim.tiny and z < lim.huge:
             # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
-            inv = 1.0 / z
+            inv = lim.one / z
             for x in range(K):
                 rv[x] *= inv
-            for xv in range(K):
-                b = rv[xv]
-                for xu in range(K):
-                    val = cav[xu] * tabs[st, xu, xv] * b
+            for xu in range(K):
+                a = cav[xu]
+                acc = lim.zero
+                for xv in range(K):
+                    val = a * tabs[st, xu, xv] * rv[xv]
                     g_p[c, xu * su + xv * sv] += val  # (c)
-                    h[xu] += val
+                    acc += val
+                h[xu] = acc
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
-            for xv in range(K):
-                b = rv[xv]
-                for xu in range(K):
-                    val = q[xu, xv] * b
+            for xu in range(K):
+                acc = lim.zero
+                for xv in range(K):
+                    val = q[xu, xv] * rv[xv]
                     g_p[c, xu * su + xv * sv] += val  # (c)
-                    h[xu] += val
+                    acc += val
+                h[xu] = acc
         # (d)
         for x in range(K):
             g_u[u, x] += h[x]
-        # (e)
+        # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
         for k in range(lo, hi):
-            rk = _slot_rho(rho_mode, rho_slot, k)
+            rk = _slot_rho(rho_mode, rho_slot, k, lim)
             for x in range(K):
-                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x])
+                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x], lim)
         for x in range(K):
-            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x])
-        # (f)
+            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x], lim)
+        # (f) pull m_ci from the stack
         if restore:
             for x in range(K):
-                m = stack[it, t, x]
+                m = stack[slot, t, x]
                 M[t, x] = m
-                IM[t, x] = 1.0 / m
+                IM[t, x] = lim.one / m
                 if rho_mode == _RHO_HALF:
                     MP[t, x] = math.sqrt(m)
                 elif keep_pow:
-                    MP[t, x] = stack_pow[it, t, x]
+                    MP[t, x] = stack_pow[slot, t, x]
         # (g)
         for x in range(K):
-            Madj[t, x] = 0.0
+            Madj[t, x] = lim.zero
 
 
 # ---------------------------------------------------------------------------
@@ -687,87 +629,107 @@ def _reverse_sweep_kk(
 # ---------------------------------------------------------------------------
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True, inline="always")
+def _push(stack, stack_pow, slot, M, MP):
+    """Step 2(a): keep the messages (and powers) an iteration overwrites."""
+    stack[slot] = M
+    if stack_pow.shape[0] > 0:
+        stack_pow[slot] = MP
+
+
+@njit(cache=True, nogil=True)
 def _trw_forward_kernel(
-    sched, order, tabs, eu, rho_sched, rho_mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
-    edges, ptr, slot_of, rho, n_iter, tol, max_iter, stack, stack_pow, mu_u, mu_p,
+    kt, lim, sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+    edges, ptr, slot_of, rho, n_iter, tol, max_iter, push_slot, stack, stack_pow, mu_u, mu_p,
 ):
     """TRW in place on ``M`` / ``MP`` / ``IM`` (messages, their rho-powers,
     their inverses; slot layout). ``n_iter >= 0``: exactly that many
     iterations; ``n_iter < 0``: until the largest change of a unary marginal
-    is below ``tol`` or ``max_iter`` iterations. ``stack`` / ``stack_pow``
-    (when their first dimension is non-zero) receive the messages / powers at
-    the start of every iteration (step 2(a)). ``order`` is the execution
-    order of the K = 2 sweep.
+    is below ``tol`` or ``max_iter`` iterations. Iteration ``it`` keeps the
+    messages (and powers) it starts from in ``stack[push_slot[it]]`` when
+    that is >= 0 (step 2(a)); ``push_slot`` is empty when nothing is kept.
 
     Returns (iterations run, converged, number of log-domain fallbacks).
     """
     K = eu.shape[1]
-    cav = np.empty(K)
-    q = np.empty((K, K))
+    cav = np.empty(K, eu.dtype)
+    out = np.empty(K, eu.dtype)
+    q = np.empty((K, K), eu.dtype)
     prev = np.empty_like(mu_u)
-    keep = stack.shape[0] > 0
-    keep_pow = stack_pow.shape[0] > 0
+    keep = push_slot.shape[0] > 0
     fixed = n_iter >= 0
     limit = n_iter if fixed else max_iter
     n_fallback = 0
     converged = False
     it = 0
     if not fixed:
-        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, prev)
+        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, prev)
     while it < limit:
         if fixed and it == limit - 1:  # marginals before the last iteration, for .converged
-            n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, prev)
-        if keep:  # 2(a): push the messages this iteration overwrites
-            stack[it] = M
-            if keep_pow:
-                stack_pow[it] = MP
-        if use_k2:  # 2(b)
-            n_fallback += _sweep_k2(
-                sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
-                cav, q,
-            )
-        else:
-            n_fallback += _sweep_kk(
-                sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot, cav, q
-            )
+            n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, prev)
+        if keep and push_slot[it] >= 0:
+            _push(stack, stack_pow, push_slot[it], M, MP)
+        n_fallback += _sweep(  # 2(b)
+            kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+            rho_slot, cav, out, q,
+        )
         it += 1
         if fixed and it < limit:
             continue
-        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u)
+        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u)
         if _max_abs_diff(mu_u, prev) < tol:
             converged = True
             break
         prev[:] = mu_u
     if it == 0:
-        n_fallback += _unary_marginals(ptr, eu, unary, rho_slot, M, MP, mu_u)  # step 4
-    n_fallback += _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p)  # step 3
+        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u)  # step 4
+    n_fallback += _pairwise_marginals(
+        lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p
+    )  # step 3
     return it, converged, n_fallback
 
 
-@njit(cache=True)
-def _trw_backward_kernel(
-    sched, tabs, rsum, eu, rho_sched, rho_mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
-    edges, ptr, slot_of, rho, stack, stack_pow, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, fixed_point, tol, max_iter,
+@njit(cache=True, nogil=True)
+def _recompute_segment(
+    kt, lim, first, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side,
+    rho_slot, stack, stack_pow,
 ):
-    """Algorithm "Back TRW", steps 6-8 (step 5, the loss, is the caller's).
+    """Checkpointed reverse mode: from the messages kept in ``stack[first]``,
+    rerun ``n_sweeps`` iterations exactly as the forward pass ran them,
+    keeping the messages each starts from in ``stack[first + 1 + j]``."""
+    K = eu.shape[1]
+    M = stack[first].copy()
+    IM = np.empty_like(M)
+    for k in range(M.shape[0]):
+        for x in range(K):
+            IM[k, x] = lim.one / M[k, x]
+    if rho_mode == _RHO_ONE:
+        MP = M
+    elif rho_mode == _RHO_HALF:
+        MP = np.sqrt(M)
+    else:
+        MP = stack_pow[first].copy()
+    cav = np.empty(K, eu.dtype)
+    out = np.empty(K, eu.dtype)
+    q = np.empty((K, K), eu.dtype)
+    for j in range(n_sweeps):
+        _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+               rho_slot, cav, out, q)
+        _push(stack, stack_pow, first + 1 + j, M, MP)
 
-    ``M`` / ``MP`` / ``IM`` start at the final messages and are restored in
-    place from ``stack`` in truncated mode. Gradients are accumulated into
-    ``g_u`` (n, K) and ``g_p`` (E, K*K), the latter in (x_i, x_j) layout and
-    *not* yet multiplied by the common factor 1 / rho_c of steps 6(b) and 8(c).
 
-    Returns (number of reverse sweeps, largest remaining adjoint message).
-    """
+@njit(cache=True, nogil=True)
+def _backward_start(lim, edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, Madj):
+    """Algorithm "Back TRW", steps 6 and 7 (step 5, the loss, is the caller's):
+    the adjoints of the marginals pushed onto ``g_u``, ``g_p`` (the latter
+    *not* yet multiplied by the common factor 1 / rho_c of steps 6(b) and
+    8(c)) and the adjoint messages ``Madj``."""
     E = edges.shape[0]
-    n, K = eu.shape
-    Madj = np.zeros((2 * E, K))
-    nu = np.empty(K)
-    cav = np.empty(K)
-    q = np.empty((K, K))
-    nu_c = np.empty(K * K)
-    row = np.empty(K)
-    col = np.empty(K)
+    n, K = mu_u.shape
+    nu = np.empty(K, Madj.dtype)
+    nu_c = np.empty(K * K, Madj.dtype)
+    row = np.empty(K, Madj.dtype)
+    col = np.empty(K, Madj.dtype)
     # 6. For all c: nu_c = backnorm(dL/dmu_c, mu_c) and push it back
     #    (skipped when the loss has no pairwise term: gmu_p has no rows)
     for c in range(E if gmu_p.shape[0] > 0 else 0):
@@ -775,8 +737,8 @@ def _trw_backward_kernel(
         j = edges[c, 1]
         backnorm(gmu_p[c], mu_p[c], nu_c)  # 6(a)
         for x in range(K):
-            row[x] = 0.0
-            col[x] = 0.0
+            row[x] = lim.zero
+            col[x] = lim.zero
         for xi in range(K):
             for xj in range(K):
                 v = nu_c[xi * K + xj]
@@ -789,15 +751,15 @@ def _trw_backward_kernel(
         # 6(d): dL/dm_d(x_i) += (rho_d - [c = d]) / m_d(x_i) sum_{x_j} nu_c, same for j
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x])
+                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x], lim)
         for k in range(ptr[j], ptr[j + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x])
+                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x], lim)
         a = slot_of[c, 0]
         b = slot_of[c, 1]
         for x in range(K):
-            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x])
-            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x])
+            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x], lim)
+            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x], lim)
     # 7. For all i: nu_i = backnorm(dL/dmu_i, mu_i)
     for i in range(n):
         backnorm(gmu_u[i], mu_u[i], nu)  # 7(a)
@@ -806,27 +768,39 @@ def _trw_backward_kernel(
         for k in range(ptr[i], ptr[i + 1]):  # 7(c): dL/dm_d(x_i) += rho_d nu_i / m_d(x_i)
             rk = rho_slot[k]
             for x in range(K):
-                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x])
-    # 8. Repeat N times for all pairs (c, i) in reverse order
-    sweeps = max_iter if fixed_point else stack.shape[0]
-    restore = not fixed_point
-    n_sweeps = 0
+                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x], lim)
+
+
+@njit(cache=True, nogil=True)
+def _reverse_iterations(
+    kt, lim, slots, fixed_point, tol, max_sweeps, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM,
+    Madj, stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side,
+):
+    """Step 8, repeated. Truncated mode: one reverse sweep for each entry of
+    ``slots``, restoring the messages from ``stack[slots[j]]`` after sweep
+    ``j``. Fixed-point mode: up to ``max_sweeps`` sweeps at the fixed messages,
+    until the largest adjoint message is below ``tol`` (or blows up).
+
+    Returns (number of reverse sweeps, largest remaining adjoint message).
+    """
+    K = eu.shape[1]
+    cav = np.empty(K, eu.dtype)
+    rv = np.empty(K, Madj.dtype)
+    h = np.empty(K, Madj.dtype)
+    q = np.empty((K, K), eu.dtype)
+    sweeps = max_sweeps if fixed_point else slots.shape[0]
     residual = 0.0
-    for it in range(sweeps - 1, -1, -1):
-        if use_k2:
-            _reverse_sweep_k2(
-                it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-                g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
-            )
-        else:
-            _reverse_sweep_kk(
-                it, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj, stack, stack_pow,
-                g_u, g_p, unary, pairwise, slot_edge, slot_side, nu, cav, q,
-            )
+    n_sweeps = 0
+    for j in range(sweeps):
+        slot = 0 if fixed_point else slots[j]
+        _reverse_sweep(
+            kt, lim, slot, not fixed_point, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
+            stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q,
+        )
         n_sweeps += 1
         if fixed_point:
             residual = 0.0
-            for k in range(2 * E):
+            for k in range(Madj.shape[0]):
                 for x in range(K):
                     v = abs(Madj[k, x])
                     if v > residual:
@@ -854,8 +828,14 @@ class TRWState:
     converged : bool, whether the largest change of a unary marginal over the
         last iteration was below ``tol`` (False when no iteration ran)
     stack : (n_iter, 2E, K) ndarray or None, the messages at the start of each
-        iteration in internal slot order (``keep_stack=True``)
+        iteration in internal slot order (``keep_stack=True`` and every
+        iteration kept; None with fewer checkpoints)
+    snapshots : (n_slots, 2E, K) ndarray or None, the buffer of kept
+        snapshots (``keep_stack=True``); ``segment_starts`` gives the
+        iteration that each of the first ``len(segment_starts)`` slots starts
     n_fallback : int, how many messages / marginals needed the log-domain path
+
+    All arrays are of the compute dtype (float32 or float64).
     """
 
     def __init__(self, **fields):
@@ -865,20 +845,28 @@ class TRWState:
     def messages(self):
         return self.slot_messages[self.slot_of]
 
+    @property
+    def stack(self):
+        if self.snapshots is None or len(self.segment_starts) != self.n_iter:
+            return None
+        return self.snapshots
+
     def __repr__(self):
         n, K = self.unary_marginals.shape
+        kept = "no" if self.snapshots is None else f"{len(self.segment_starts)} of {self.n_iter}"
         return (
-            f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, n_iter={self.n_iter}, "
-            f"converged={self.converged}, stack={'yes' if self.stack is not None else 'no'})"
+            f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, dtype={self.unary.dtype}, "
+            f"n_iter={self.n_iter}, converged={self.converged}, snapshots={kept})"
         )
 
 
 def floored_message_entries(state):
     """How many entries of the final messages of ``state`` sit at the floor
-    ``1e-300``: where parameters differ by more than about ``690 rho``, a
-    message entry the floor replaced may have been needed, and the marginals
-    can then be off (see "Numerical stability" above)."""
-    return int(np.count_nonzero(state.slot_messages <= _MSG_FLOOR))
+    (``MESSAGE_FLOOR`` of the compute dtype): where parameters differ by more
+    than about ``690 rho`` (float64; ``85 rho`` in float32), a message entry
+    the floor replaced may have been needed, and the marginals can then be off
+    (see "Numerical stability" above)."""
+    return int(np.count_nonzero(state.slot_messages <= _limits(state.slot_messages.dtype).floor))
 
 
 def _writable(array, dtype):
@@ -898,7 +886,7 @@ def _rho_mode(rho):
     return _RHO_GENERAL
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot):
     """Fill the schedule: step ``st`` is (t, r, lo, hi, u) -- see above."""
     E = edges.shape[0]
@@ -925,7 +913,7 @@ def _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_s
         rho_sched[st] = rho[c]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _interleave(sched, edges, slot_edge, slot_side, n, width, order):
     """Fill ``order`` with an execution order of the schedule steps in which
     independent chains alternate, so that consecutive steps need not wait for
@@ -1008,8 +996,8 @@ def _schedule(n, edges, rho, interleave):
     ptr, slot_edge, slot_side = inc.ptr, inc.edge, inc.side
     slot_of = np.empty((E, 2), dtype=np.int64)
     sched = np.empty((2 * E, 5), dtype=np.int32)
-    rho_sched = np.empty(2 * E)
-    rho_slot = np.empty(2 * E)
+    rho_sched = np.empty(2 * E, rho.dtype)
+    rho_slot = np.empty(2 * E, rho.dtype)
     _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot)
     # unsigned: numba then needs no wraparound of negative indices on st
     order = np.arange(2 * E, dtype=np.uint32)
@@ -1018,15 +1006,17 @@ def _schedule(n, edges, rho, interleave):
     return ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot
 
 
-def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False):
+def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None):
     """Tree-reweighted belief propagation (loopy BP for ``rho = 1``).
 
     Parameters
     ----------
     edges : (E, 2) int64
-    unary : (n, K) float64
-    pairwise : (E, K, K) float64, ``pairwise[e, a, b] = theta(x_i=a, x_j=b)``
-    rho : (E,) float64, edge appearance probabilities, > 0
+    unary : (n, K) float32 or float64
+    pairwise : (E, K, K) float32 or float64, ``pairwise[e, a, b] = theta(x_i=a, x_j=b)``
+        Computation runs in float32 when ``unary`` and ``pairwise`` are both
+        float32, in float64 otherwise; every returned array has that dtype.
+    rho : (E,) float, edge appearance probabilities, > 0
     n_iter : int >= 0 or None
         Exactly this many iterations, or (None) until the largest change of a
         unary marginal over one iteration is below ``tol`` (at most
@@ -1036,63 +1026,85 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
     max_iter : int, default=1000
         Iteration cap when ``n_iter`` is None.
     keep_stack : bool
-        Keep one snapshot of the messages per iteration for
-        ``trw_backward(mode="truncated")``; needs an integer ``n_iter``.
-        Memory ``n_iter * 2E * K`` floats (twice that for a ``rho`` that is
-        neither all ones nor all one half).
+        Keep snapshots of the messages for ``trw_backward(mode="truncated")``;
+        needs an integer ``n_iter``.
+    checkpoints : int >= 1 or None
+        With ``keep_stack``: keep only this many snapshots (at most
+        ``n_iter``); the backward pass recomputes the iterations between them
+        (see :mod:`sklearn_margcrf._checkpoints`). None keeps one per
+        iteration while they fit ``STACK_MEMORY_BUDGET`` and as many as fit
+        otherwise. One snapshot is ``2E * K`` floats (twice that for a
+        ``rho`` that is neither all ones nor all one half).
 
     Returns
     -------
     TRWState
     """
-    unary = _writable(unary, np.float64)
+    return _forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints)
+
+
+def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None,
+             specialise=True, interleave=None):
+    """:func:`trw_forward`, with the kernel variant as arguments: ``specialise``
+    compiles the label loops for the constant K (K <= ``_MAX_SPECIALISED_K``),
+    ``interleave`` runs the sweeps in interleaved order (default: for K = 2
+    only, where it measured faster). Every variant computes the same values."""
+    dtype = model_dtype(unary, pairwise)
+    unary = _writable(unary, dtype)
     n, K = unary.shape
     edges = _writable(edges, np.int64).reshape(-1, 2)
     E = edges.shape[0]
-    pairwise = _writable(pairwise, np.float64).reshape(E, K, K)
-    rho = _writable(rho, np.float64).reshape(E)
+    pairwise = _writable(pairwise, dtype).reshape(E, K, K)
+    rho = _writable(rho, dtype).reshape(E)
     if keep_stack and n_iter is None:
         raise ValueError(
             "keep_stack=True needs an integer n_iter: truncated back TRW differentiates a fixed number of iterations"
         )
-    use_k2 = K == 2 and _SPECIALISE_K2
-    # (only the K = 2 sweep is interleaved: see "Implementation notes")
-    ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot = _schedule(
-        n, edges, rho, use_k2 and _INTERLEAVE
-    )
+    if interleave is None:
+        interleave = K == 2
+    ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot = _schedule(n, edges, rho, interleave)
     mode = _rho_mode(rho)
-    eu = np.empty((n, K))
-    tabs = np.empty((2 * E, K, K))
-    rsum = np.empty((2 * E, K))
+    lim = _limits(dtype)
+    kt = _label_token(K, specialise)
+    eu = np.empty((n, K), dtype)
+    tabs = np.empty((2 * E, K, K), dtype)
+    rsum = np.empty((2 * E, K), dtype)
     _build_tables(unary, pairwise, rho, eu, tabs, rsum)
-    M = np.full((2 * E, K), 1.0 / K)
-    IM = np.full((2 * E, K), float(K))
+    M = np.full((2 * E, K), 1.0 / K, dtype)
+    IM = np.divide(1, M, dtype=dtype)  # as the kernels invert, so that recomputed iterations match
     if mode == _RHO_ONE:
         MP = M
     elif mode == _RHO_HALF:
-        MP = np.full((2 * E, K), math.sqrt(1.0 / K))
+        MP = np.sqrt(M)
     else:
-        MP = np.empty((2 * E, K))
-        MP[...] = np.power(1.0 / K, rho_slot)[:, None]
-    stack = stack_pow = _NO_STACK
-    if keep_stack:
-        stack = np.empty((n_iter, 2 * E, K))
+        MP = np.empty((2 * E, K), dtype)
+        MP[...] = np.power(M[0, 0], rho_slot)[:, None]
+    snapshots = stack_pow = np.empty((0, 0, 0), dtype)
+    push_slot = np.empty(0, np.int64)
+    starts = None
+    if keep_stack and n_iter > 0:
+        snapshot_bytes = 2 * E * K * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
+        n_slots, starts = segment_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
+        snapshots = np.empty((n_slots, 2 * E, K), dtype)
         if mode == _RHO_GENERAL:
-            stack_pow = np.empty((n_iter, 2 * E, K))
-    mu_u = np.empty((n, K))
-    mu_p = np.empty((E, K * K))
+            stack_pow = np.empty((n_slots, 2 * E, K), dtype)
+        push_slot = np.full(n_iter, -1, np.int64)
+        push_slot[starts] = np.arange(len(starts))
+    mu_u = np.empty((n, K), dtype)
+    mu_p = np.empty((E, K * K), dtype)
     it, converged, n_fallback = _trw_forward_kernel(
-        sched, order, tabs, eu, rho_sched, mode, use_k2, M, MP, IM, unary, pairwise, slot_edge, slot_side,
-        rho_slot, edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
-        stack, stack_pow, mu_u, mu_p,
+        kt, lim, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+        edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
+        push_slot, snapshots, stack_pow, mu_u, mu_p,
     )
     return TRWState(
         unary_marginals=mu_u,
         pairwise_marginals=mu_p.reshape(E, K, K),
         n_iter=int(it),
         converged=bool(converged),
-        stack=stack if keep_stack else None,
-        stack_pow=stack_pow,
+        snapshots=snapshots if starts is not None else None,
+        snapshot_powers=stack_pow,
+        segment_starts=starts,
         n_fallback=int(n_fallback),
         slot_messages=M,
         slot_powers=MP,
@@ -1107,12 +1119,14 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
         slot_side=slot_side,
         slot_of=slot_of,
         sched=sched,
+        order=order,
         rho_sched=rho_sched,
         rho_slot=rho_slot,
         eu=eu,
         tabs=tabs,
         rsum=rsum,
         tol=tol,
+        label_token=kt,
     )
 
 
@@ -1128,7 +1142,8 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     mode : "truncated" or "fixed_point"
         "truncated" (forward run with an integer ``n_iter`` and
         ``keep_stack=True``): Algorithm "Back TRW", the exact gradient of the
-        loss of the marginals after exactly ``n_iter`` iterations.
+        loss of the marginals after exactly ``n_iter`` iterations (with
+        checkpoints, the iterations between them are recomputed first).
         "fixed_point" (forward run to convergence): back-propagation with the
         messages held at their converged values; reverse sweeps are repeated
         until the largest adjoint message is below ``tol``; after ``max_iter``
@@ -1141,27 +1156,27 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
 
     Returns
     -------
-    grad_unary : (n, K)
-    grad_pairwise : (E, K, K)
+    grad_unary : (n, K), of the state's dtype
+    grad_pairwise : (E, K, K), of the state's dtype
     """
     edges = state.edges
     n, K = state.unary.shape
     E = edges.shape[0]
-    gmu_u = _writable(grad_unary_marginals, np.float64).reshape(n, K)
+    dtype = state.unary.dtype
+    lim = _limits(dtype)
+    gmu_u = _writable(grad_unary_marginals, dtype).reshape(n, K)
     if grad_pairwise_marginals is None:
-        gmu_p = np.zeros((0, K * K))  # step 6 is skipped
+        gmu_p = np.zeros((0, K * K), dtype)  # step 6 is skipped
     else:
-        gmu_p = _writable(grad_pairwise_marginals, np.float64).reshape(E, K * K)
+        gmu_p = _writable(grad_pairwise_marginals, dtype).reshape(E, K * K)
     if mode == "truncated":
-        if state.stack is None and state.n_iter > 0:
+        if state.snapshots is None and state.n_iter > 0:
             raise ValueError(
                 "mode='truncated' needs a forward pass run with an integer n_iter and keep_stack=True"
             )
         fixed_point = False
-        stack, stack_pow = (state.stack, state.stack_pow) if state.n_iter > 0 else (_NO_STACK, _NO_STACK)
     elif mode == "fixed_point":
         fixed_point = True
-        stack = stack_pow = _NO_STACK
         if not state.converged:
             warn_at_caller(
                 "trw_backward(mode='fixed_point'): the forward pass did not converge, so the messages are not a "
@@ -1172,19 +1187,40 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         raise ValueError(f"mode must be 'truncated' or 'fixed_point', got {mode!r}")
     if fixed_point:  # the kernel only reads the messages
         M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
-    else:  # the kernel restores them from the stack, step by step
+    else:  # the kernel restores them from the snapshots, step by step
         M = state.slot_messages.copy()
         IM = state.slot_inverses.copy()
         MP = M if state.rho_mode == _RHO_ONE else state.slot_powers.copy()
-    g_u = np.zeros((n, K))
-    g_p = np.zeros((E, K * K))
-    n_sweeps, residual = _trw_backward_kernel(
-        state.sched, state.tabs, state.rsum, state.eu, state.rho_sched, state.rho_mode, K == 2 and _SPECIALISE_K2,
-        M, MP, IM, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
-        edges, state.ptr, state.slot_of, state.rho, stack, stack_pow,
-        state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p,
-        g_u, g_p, fixed_point, float(tol), int(max_iter),
-    )
+    g_u = np.zeros((n, K), dtype)
+    g_p = np.zeros((E, K * K), dtype)
+    Madj = np.zeros((2 * E, K))  # float64 in both precisions: see "Numerical stability"
+    _backward_start(lim, edges, state.ptr, state.slot_of, state.rho_slot, IM, state.unary_marginals,
+                    state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
+    kt = state.label_token
+
+    def reverse(slots, snapshots, snapshot_powers, sweeps=0):
+        return _reverse_iterations(
+            kt, lim, slots, fixed_point, float(tol), int(sweeps), state.sched, state.tabs, state.rsum, state.eu,
+            state.rho_sched, state.rho_mode, state.rho_slot, M, MP, IM, Madj, snapshots, snapshot_powers, g_u, g_p,
+            state.unary, state.pairwise, state.slot_edge, state.slot_side,
+        )
+
+    if fixed_point:
+        n_sweeps, residual = reverse(np.empty(0, np.int64), state.eu[:0, None], state.eu[:0, None], max_iter)
+    elif state.n_iter > 0:
+        snapshots, powers, starts = state.snapshots, state.snapshot_powers, state.segment_starts
+        if len(starts) == state.n_iter:  # every iteration kept: one pass
+            reverse(np.arange(state.n_iter - 1, -1, -1), snapshots, powers)
+        else:  # checkpointed: segments last to first, each recomputed, then reversed
+            ends = np.append(starts[1:], state.n_iter)
+            for k in range(len(starts) - 1, -1, -1):
+                length = int(ends[k] - starts[k])
+                _recompute_segment(
+                    kt, lim, k, length - 1, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
+                    state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
+                    snapshots, powers,
+                )
+                reverse(np.arange(k + length - 1, k - 1, -1), snapshots, powers)
     if fixed_point and max_iter > 0 and E > 0 and not residual < tol:
         if on_divergence == "raise":
             raise BackpropDivergenceError(
@@ -1197,5 +1233,4 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             RuntimeWarning,
         )
     g_p /= state.rho[:, None]  # the common 1 / rho_c of steps 6(b) and 8(c)
-    grad_pair = g_p.reshape(E, K, K)
-    return g_u, grad_pair
+    return g_u, g_p.reshape(E, K, K)

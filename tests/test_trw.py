@@ -170,21 +170,23 @@ def test_read_only_inputs():
     trw_backward(state, g, None)
 
 
+@pytest.mark.parametrize("K", [2, 3])
 @pytest.mark.parametrize("rho_value", [0.5, 1.0, "random"])
-def test_k2_kernels_match_generic_kernels(monkeypatch, rho_value):
+def test_specialised_kernels_match_generic_kernels(rho_value, K):
+    """The kernels compiled for a constant K compute what the generic build does."""
     rng = np.random.default_rng(11)
     edges = grid_edges(3, 4)
-    unary, pairwise = random_model(edges, 12, 2, rng)
+    unary, pairwise = random_model(edges, 12, K, rng)
     rho = make_rho(rho_value, len(edges), rng) if rho_value == "random" else np.full(len(edges), rho_value)
-    g_mu, g_mu2 = rng.normal(size=(12, 2)), rng.normal(size=(len(edges), 2, 2))
+    g_mu, g_mu2 = rng.normal(size=(12, K)), rng.normal(size=(len(edges), K, K))
 
-    def run():
-        state = trw_forward(edges, unary, pairwise, rho, n_iter=4, keep_stack=True)
+    def run(specialise):
+        state = trw._forward(edges, unary, pairwise, rho, n_iter=4, keep_stack=True, specialise=specialise)
         return state, trw_backward(state, g_mu, g_mu2)
 
-    special, (gu_s, gp_s) = run()
-    monkeypatch.setattr(trw, "_SPECIALISE_K2", False)
-    generic, (gu_g, gp_g) = run()
+    special, (gu_s, gp_s) = run(True)
+    generic, (gu_g, gp_g) = run(False)
+    assert special.label_token != generic.label_token  # two different compilations ran
     np.testing.assert_allclose(special.unary_marginals, generic.unary_marginals, rtol=0, atol=1e-14)
     np.testing.assert_allclose(special.messages, generic.messages, rtol=0, atol=1e-14)
     np.testing.assert_allclose(gu_s, gu_g, rtol=0, atol=1e-12)
@@ -484,27 +486,26 @@ def test_interleaved_order_keeps_every_conflicting_pair_in_order(graph, width):
         assert not np.array_equal(order, canonical)  # something was interleaved
 
 
-def everything(edges, unary, pairwise, rho, n_iter):
-    """Forward state, gradients (truncated for a fixed ``n_iter``, fixed point
-    otherwise) and log partition."""
+def everything(edges, unary, pairwise, rho, n_iter, interleave):
+    """Forward state and gradients (truncated for a fixed ``n_iter``, fixed
+    point otherwise)."""
     rng = np.random.default_rng(0)
     g_mu, g_mu2 = rng.normal(size=unary.shape), rng.normal(size=pairwise.shape)
-    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, max_iter=300, keep_stack=n_iter is not None)
+    state = trw._forward(edges, unary, pairwise, rho, n_iter=n_iter, max_iter=300, keep_stack=n_iter is not None,
+                         interleave=interleave)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # non-convergence and floored messages are fine here
         grads = trw_backward(state, g_mu, g_mu2, mode="fixed_point" if n_iter is None else "truncated", max_iter=300)
-        log_z = infer(edges, unary, pairwise, n_iter=n_iter, max_iter=300, rho=rho).log_partition
     return {
         "unary": state.unary_marginals, "pairwise": state.pairwise_marginals, "messages": state.messages,
         "stack": state.stack, "n_fallback": state.n_fallback, "n_iter": state.n_iter, "converged": state.converged,
-        "grad_unary": grads[0], "grad_pairwise": grads[1], "log_partition": log_z,
+        "grad_unary": grads[0], "grad_pairwise": grads[1],
     }
 
 
-def assert_interleaving_changes_nothing(monkeypatch, *args):
-    interleaved = everything(*args)
-    monkeypatch.setattr(trw, "_INTERLEAVE", False)
-    canonical = everything(*args)
+def assert_interleaving_changes_nothing(*args):
+    interleaved = everything(*args, interleave=True)
+    canonical = everything(*args, interleave=False)
     for key, value in interleaved.items():
         if value is None:
             assert canonical[key] is None, key
@@ -517,21 +518,21 @@ def assert_interleaving_changes_nothing(monkeypatch, *args):
 @pytest.mark.parametrize("n_iter", [4, None])
 @pytest.mark.parametrize("rho_kind", ["0.5", "1", "random"])
 @pytest.mark.parametrize("graph", sorted(INTERLEAVE_GRAPHS))
-def test_interleaved_order_gives_bitwise_identical_results(monkeypatch, graph, rho_kind, n_iter):
+def test_interleaved_order_gives_bitwise_identical_results(graph, rho_kind, n_iter):
     # K = 2 only: the other kernels run in canonical order either way
     rng = np.random.default_rng(zlib.crc32(repr((graph, 2, rho_kind, n_iter)).encode()))
     n, edges = interleave_graph(graph)
     unary, pairwise = random_model(edges, n, 2, rng)
-    assert_interleaving_changes_nothing(monkeypatch, edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter)
+    assert_interleaving_changes_nothing(edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter)
 
 
 @pytest.mark.parametrize("n_iter", [5, None])
 @pytest.mark.parametrize("rho_kind", ["0.5", "1", "random"])
-def test_interleaved_order_gives_bitwise_identical_results_with_fallback(monkeypatch, rho_kind, n_iter):
+def test_interleaved_order_gives_bitwise_identical_results_with_fallback(rho_kind, n_iter):
     rng = np.random.default_rng(zlib.crc32(repr((rho_kind, n_iter, "fallback")).encode()))
     edges = grid_edges(4, 5)
     unary, pairwise = random_model(edges, 20, 2, rng, scale=1e3)
     result = assert_interleaving_changes_nothing(
-        monkeypatch, edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter
+        edges, unary, pairwise, make_rho(rho_kind, len(edges), rng), n_iter
     )
     assert result["n_fallback"] > 0
