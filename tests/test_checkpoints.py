@@ -1,0 +1,80 @@
+"""Checkpointed reverse mode: the same gradients as the full stack, in less memory."""
+
+import numpy as np
+import pytest
+
+from sklearn_margcrf import grid_edges, loss_and_grad
+from sklearn_margcrf._checkpoints import STACK_MEMORY_BUDGET, buffer_slots, segment_plan
+from sklearn_margcrf.mean_field import mean_field_forward
+from sklearn_margcrf.trw import trw_forward
+
+
+def model(K, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    edges = grid_edges(3, 4)
+    unary = rng.normal(size=(12, K)).astype(dtype)
+    pairwise = rng.normal(size=(len(edges), K, K)).astype(dtype)
+    labels = rng.integers(0, K, 12)
+    return edges, unary, pairwise, labels
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("inference,rho", [("trw", 0.5), ("trw", 0.7), ("lbp", None), ("mean_field", None)])
+@pytest.mark.parametrize("loss", ["univariate_logistic", "clique_logistic", "surrogate_likelihood"])
+@pytest.mark.parametrize("n_iter", [1, 7, 12])
+def test_checkpointed_gradient_equals_full_stack(n_iter, loss, inference, rho, dtype):
+    edges, unary, pairwise, labels = model(3, dtype)
+    kw = dict(loss=loss, inference=inference, rho=rho, n_iter=n_iter)
+    full = loss_and_grad(edges, unary, pairwise, labels, checkpoints=n_iter, **kw)
+    for checkpoints in sorted({1, 2, 3, max(n_iter - 1, 1), n_iter + 5}):
+        value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, checkpoints=checkpoints, **kw)
+        assert value == full[0]
+        # the recomputed iterations repeat the forward pass's arithmetic exactly
+        np.testing.assert_array_equal(grad_unary, full[1])
+        np.testing.assert_array_equal(grad_pairwise, full[2])
+    default = loss_and_grad(edges, unary, pairwise, labels, **kw)
+    np.testing.assert_array_equal(default[1], full[1])
+
+
+def test_checkpoints_bound_the_snapshots_kept():
+    edges, unary, pairwise, _ = model(2, np.float64)
+    rho = np.full(len(edges), 0.5)
+    for n_iter, checkpoints in [(200, 14), (20, 3), (20, 1), (20, 20), (20, 50)]:
+        state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
+        kept = min(checkpoints, n_iter)
+        assert len(state.segment_starts) == kept
+        assert state.snapshots.shape[0] == buffer_slots(n_iter, kept) <= n_iter
+        assert (state.stack is None) == (kept < n_iter)  # the per-iteration view exists only when all are kept
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=200, keep_stack=True, checkpoints=14)
+    assert state.snapshots.shape[0] == 21  # instead of 200
+    mf = mean_field_forward(edges, unary, pairwise, n_iter=200, keep_stack=True, checkpoints=14)
+    assert mf.snapshots.shape[0] == 21
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "all"])
+def test_checkpoints_must_be_a_positive_integer(bad):
+    edges, unary, pairwise, labels = model(2, np.float64)
+    with pytest.raises(ValueError, match="checkpoints must be None or an integer >= 1"):
+        loss_and_grad(edges, unary, pairwise, labels, checkpoints=bad)
+
+
+@pytest.mark.parametrize("n_iter", [1, 2, 5, 20, 200, 1000])
+def test_segment_plan_fits_its_buffer(n_iter):
+    for checkpoints in sorted({1, 2, 3, 14, n_iter // 2 or 1, n_iter, None}, key=str):
+        n_slots, starts = segment_plan(n_iter, checkpoints, 1)
+        ends = np.append(starts[1:], n_iter)
+        lengths = ends - starts
+        assert starts[0] == 0 and np.all(lengths >= 1) and lengths.sum() == n_iter
+        # segment k is reversed from slots k .. k + length - 1
+        assert np.all(np.arange(len(starts)) + lengths <= n_slots)
+    smallest = min(buffer_slots(n_iter, s) for s in range(1, n_iter + 1))
+    assert smallest <= int(np.ceil(np.sqrt(2 * n_iter))) + 1
+
+
+def test_automatic_checkpoints_respect_the_budget():
+    assert segment_plan(200, None, STACK_MEMORY_BUDGET // 400)[0] == 200  # everything fits: every iteration kept
+    snapshot = STACK_MEMORY_BUDGET // 30
+    n_slots, starts = segment_plan(200, None, snapshot)
+    assert n_slots <= 30 and len(starts) == max(s for s in range(1, 201) if buffer_slots(200, s) <= 30)
+    n_slots, _ = segment_plan(200, None, STACK_MEMORY_BUDGET)  # nothing fits: the least memory possible
+    assert n_slots == min(buffer_slots(200, s) for s in range(1, 201))

@@ -1,0 +1,130 @@
+"""float32 computation: infer and loss_and_grad compute in float32 when the
+model is float32, agree with float64, keep every output's dtype, and stay
+finite over the stated range of |theta|."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from sklearn_margcrf import grid_edges, infer, loss_and_grad
+from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, check_combination
+
+METHODS = ("trw", "lbp", "mean_field", "exact")
+
+
+def model(K=3, shape=(3, 4), scale=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    edges = grid_edges(*shape)
+    n = shape[0] * shape[1]
+    unary = rng.uniform(-scale, scale, (n, K))
+    pairwise = rng.uniform(-scale, scale, (len(edges), K, K))
+    labels = rng.integers(0, K, n)
+    labels[::5] = -1  # some hidden nodes
+    return edges, unary, pairwise, labels
+
+
+def single(*arrays):
+    return tuple(a.astype(np.float32) for a in arrays)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_infer_in_float32_agrees_with_float64(method):
+    edges, unary, pairwise, _ = model()
+    n_iter = None if method == "exact" else 30
+    r64 = infer(edges, unary, pairwise, method=method, n_iter=n_iter)
+    r32 = infer(edges, *single(unary, pairwise), method=method, n_iter=n_iter)
+    assert r32.unary.dtype == r32.pairwise.dtype == np.float32
+    assert np.asarray(r32.log_partition).dtype == np.float32
+    assert r64.unary.dtype == np.float64 and np.asarray(r64.log_partition).dtype == np.float64
+    np.testing.assert_allclose(r32.unary, r64.unary, atol=2e-6)
+    np.testing.assert_allclose(r32.pairwise, r64.pairwise, atol=2e-6)
+    np.testing.assert_allclose(r32.log_partition, r64.log_partition, rtol=1e-5)
+
+
+def test_mixed_precision_computes_in_float64():
+    edges, unary, pairwise, _ = model()
+    result = infer(edges, unary.astype(np.float32), pairwise, n_iter=5)
+    assert result.unary.dtype == np.float64
+    reference = infer(edges, unary.astype(np.float32).astype(np.float64), pairwise, n_iter=5)
+    np.testing.assert_array_equal(result.unary, reference.unary)
+
+
+def _applies(loss, inference, mode):
+    try:
+        check_combination(loss, inference, mode)
+    except ValueError:
+        return False
+    return not (loss in ("pseudolikelihood", "piecewise") and (inference, mode) != ("trw", "truncated"))
+
+
+COMBINATIONS = [(lo, inf, mo) for lo in LOSSES for inf in METHODS for mo in GRADIENT_MODES if _applies(lo, inf, mo)]
+
+
+@pytest.mark.parametrize("loss,inference,mode", COMBINATIONS)
+def test_loss_and_grad_in_float32_agrees_with_float64(loss, inference, mode):
+    edges, unary, pairwise, labels = model(K=3, shape=(2, 3), scale=0.5, seed=1)
+    kw = dict(loss=loss, inference=inference, gradient_mode=mode, n_iter=15, tol=1e-6, alpha=5.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # perturbation / backprop convergence notes
+        v64, gu64, gp64 = loss_and_grad(edges, unary, pairwise, labels, **kw)
+        v32, gu32, gp32 = loss_and_grad(edges, *single(unary, pairwise), labels, **kw)
+    assert gu32.dtype == gp32.dtype == np.float32
+    assert gu64.dtype == gp64.dtype == np.float64
+    assert np.isfinite(v32) and np.isfinite(gu32).all() and np.isfinite(gp32).all()
+    # perturbation in float32 takes a larger step (eps32 ** (1/3)): first-order error
+    tol = 2e-2 if mode == "perturbation" else 1e-4
+    scale = max(np.abs(gu64).max(), np.abs(gp64).max(), 1.0)
+    np.testing.assert_allclose(v32, v64, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(gu32, gu64, atol=tol * scale)
+    np.testing.assert_allclose(gp32, gp64, atol=tol * scale)
+
+
+@pytest.mark.parametrize("rho", [0.5, 1.0])
+@pytest.mark.parametrize("scale", [1.0, 20.0])
+def test_float32_is_accurate_within_the_stated_range(scale, rho):
+    """Up to |theta| = 20 float32 TRW marginals and truncated gradients agree with
+    float64 to 1e-5 (relative, for the gradients)."""
+    edges, unary, pairwise, labels = model(K=3, shape=(6, 6), scale=scale)
+    r64 = infer(edges, unary, pairwise, rho=rho, n_iter=30)
+    r32 = infer(edges, *single(unary, pairwise), rho=rho, n_iter=30)
+    np.testing.assert_allclose(r32.unary, r64.unary, atol=5e-5)
+    _, g64, h64 = loss_and_grad(edges, unary, pairwise, labels, rho=rho, n_iter=30)
+    _, g32, h32 = loss_and_grad(edges, *single(unary, pairwise), labels, rho=rho, n_iter=30)
+    top = max(np.abs(g64).max(), np.abs(h64).max())
+    assert np.abs(g32 - g64).max() <= 3e-5 * top
+    assert np.abs(h32 - h64).max() <= 3e-5 * top
+
+
+@pytest.mark.parametrize("loss", ["univariate_logistic", "clique_logistic", "smooth_classification"])
+@pytest.mark.parametrize("method", ["trw", "lbp", "mean_field"])
+@pytest.mark.parametrize("scale", [40.0, 200.0, 1e3])
+def test_float32_stays_finite_beyond_the_range(scale, method, loss):
+    edges, unary, pairwise, labels = model(K=3, shape=(4, 4), scale=scale, seed=2)
+    u, p = single(unary, pairwise)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # messages at the floor
+        result = infer(edges, u, p, method=method, n_iter=20)
+        value, gu, gp = loss_and_grad(edges, u, p, labels, loss=loss, inference=method, n_iter=20, alpha=5.0)
+    assert np.isfinite(result.unary).all() and np.isfinite(result.log_partition)
+    np.testing.assert_allclose(result.unary.sum(axis=1), 1.0, atol=1e-5)
+    assert np.isfinite(value) and np.isfinite(gu).all() and np.isfinite(gp).all()
+
+
+def test_float32_floor_warning_names_the_dtype():
+    edges = grid_edges(2, 2)
+    unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]], np.float32) * 200
+    pairwise = np.tile(np.eye(2, dtype=np.float32), (4, 1, 1)) * 200
+    with pytest.warns(RuntimeWarning, match=r"floor 1e-37 of float32.*85 \* rho"):
+        infer(edges, unary, pairwise, rho=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same model is within float64's range
+        infer(edges, unary.astype(np.float64), pairwise.astype(np.float64), rho=0.5)
+
+
+def test_float32_multiplier_bound():
+    edges, unary, pairwise, labels = model()
+    kw = dict(gradient_mode="perturbation", multiplier=1e-6)
+    loss_and_grad(edges, unary, pairwise, labels, **kw)  # fine in float64
+    with pytest.raises(ValueError, match="rounds away in float32"):
+        loss_and_grad(edges, *single(unary, pairwise), labels, **kw)
