@@ -48,6 +48,18 @@ marginals bilinearly) and labels may be given at image size
 (:func:`~sklearn_margcrf.sample.labels_to_grid` reduces them by nearest
 neighbour).
 
+Feature names
+-------------
+``get_feature_names_out()`` names the node feature columns and
+``get_edge_feature_names_out()`` the edge feature columns, one name per column
+in column order, so that the learned weights can be read (column ``f`` of
+``MarginalCRF.unary_coef_`` and ``pairwise_coef_[:, :, f]``): ``"1"``
+(constant), ``"noisy"``, ``"cos(0)"``, ``"sin(r+g+x)"`` (the sinusoid of
+``fourier_scale * (R + G + horizontal position)``; r, g, b, then y and x for
+the vertical and horizontal position), ``"hog[3]"``; edge features
+``"horizontal:1"``, ``"vertical:rgb_diff>0.1"``, ``"horizontal:sobel>0.04"``
+(set on edges of that orientation only).
+
 Combining transformers
 ----------------------
 Unary features from one transformer and edge features from another::
@@ -85,6 +97,7 @@ __all__ = [
     "CombinedFeatures",
     "combine_samples",
     "fourier_features",
+    "fourier_feature_names",
     "binary_vectors",
     "dense_hog",
     "position_features",
@@ -243,6 +256,28 @@ def fourier_features(s, scale=np.pi):
         )
     angles = scale * (s @ binary_vectors(s.shape[1]).T)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+
+
+#: Letters of the colour transformers' base values in feature names: R, G, B,
+#: vertical (y) and horizontal (x) position.
+_COLOUR_BASE_NAMES = ("r", "g", "b", "y", "x")
+
+
+def fourier_feature_names(base_names):
+    """Names of the columns of :func:`fourier_features` for base features
+    called ``base_names``: ``"cos(<c.s>)"`` then ``"sin(<c.s>)"``, where
+    ``<c.s>`` joins the names of the base features with ``c = 1`` by ``+``
+    (``"0"`` for c = 0), e.g. ``"sin(r+g+x)"``. The frequency multiplier
+    (``scale``) is not written.
+    """
+    base_names = [str(name) for name in base_names]
+    sums = ["+".join(n for n, on in zip(base_names, c) if on) or "0" for c in binary_vectors(len(base_names))]
+    return [f"cos({s})" for s in sums] + [f"sin({s})" for s in sums]
+
+
+def _threshold_names(name, thresholds):
+    """``"<name>><t>"`` for each threshold, as :func:`threshold_features` orders them."""
+    return [f"{name}>{float(t):g}" for t in np.asarray(thresholds, dtype=np.float64).ravel()]
 
 
 def position_features(shape):
@@ -447,6 +482,38 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
             image_shape=image_shape,
         )
 
+    def get_feature_names_out(self, input_features=None):
+        """Names of the node feature columns (``node_features`` of the samples).
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored: images have no named input columns (kept for
+            scikit-learn's signature, so that ``Pipeline.get_feature_names_out``
+            works).
+
+        Returns
+        -------
+        names : ndarray of str objects, shape (n_node_features,)
+        """
+        self._check_params()
+        return np.asarray(self._unary_names(), dtype=object)
+
+    def get_edge_feature_names_out(self):
+        """Names of the edge feature columns (``edge_features`` of the samples).
+
+        Every base edge feature appears twice, ``"horizontal:<name>"`` (set on
+        horizontal edges only) and then ``"vertical:<name>"``, in the column
+        order of :func:`split_by_orientation`.
+
+        Returns
+        -------
+        names : ndarray of str objects, shape (n_edge_features,)
+        """
+        self._check_params()
+        base = self._base_edge_names()
+        return np.asarray([f"{side}:{name}" for side in ("horizontal", "vertical") for name in base], dtype=object)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.requires_fit = False
@@ -506,6 +573,12 @@ class DenoisingFeatures(_GridFeatures):
     def _edge_features(self, reduced, edges, grid_shape):
         return split_by_orientation(np.ones((edges.shape[0], 1)), grid_shape)
 
+    def _unary_names(self):
+        return ["1", "noisy"]
+
+    def _base_edge_names(self):
+        return ["1"]
+
 
 class _ColourFeatures(_GridFeatures):
     """The horses / backgrounds unary features (100 per pixel)."""
@@ -539,6 +612,13 @@ class _ColourFeatures(_GridFeatures):
     def _edge_features(self, reduced, edges, grid_shape):
         base = np.concatenate(self._base_edge_features(reduced, edges), axis=1)
         return split_by_orientation(base, grid_shape)
+
+    def _unary_names(self):
+        n_hog = self.hog_orientations * self.hog_block_size**2
+        return fourier_feature_names(_COLOUR_BASE_NAMES) + [f"hog[{k}]" for k in range(n_hog)]
+
+    def _base_edge_names(self):
+        return ["1"] + _threshold_names("rgb_diff", self.rgb_thresholds)
 
 
 _COLOUR_DOC = """
@@ -626,6 +706,9 @@ class HorseFeatures(_ColourFeatures):
         return super()._base_edge_features(reduced, edges) + [
             threshold_features(strongest, self.sobel_thresholds)
         ]
+
+    def _base_edge_names(self):
+        return super()._base_edge_names() + _threshold_names("sobel", self.sobel_thresholds)
 
 
 class BackgroundFeatures(_ColourFeatures):
@@ -750,6 +833,23 @@ def _as_transformer_list(value, name):
     return items
 
 
+def _combined_names(parts, method):
+    """The parts' feature names, concatenated; prefixed by the parts' names
+    (lower-case class names, numbered when repeated, as ``make_union``)
+    when there are several parts."""
+    names = [list(getattr(part, method)()) for part in parts]
+    if len(parts) == 1:
+        return np.asarray(names[0], dtype=object)
+    classes = [type(part).__name__.lower() for part in parts]
+    seen = {}
+    out = []
+    for cls, part_names in zip(classes, names):
+        seen[cls] = seen.get(cls, 0) + 1
+        prefix = cls if classes.count(cls) == 1 else f"{cls}-{seen[cls]}"
+        out += [f"{prefix}__{name}" for name in part_names]
+    return np.asarray(out, dtype=object)
+
+
 class CombinedFeatures(TransformerMixin, BaseEstimator):
     """Unary features from some transformers, edge features from others.
 
@@ -795,6 +895,27 @@ class CombinedFeatures(TransformerMixin, BaseEstimator):
             check_is_fitted(self)
         X = list(X)
         return combine_samples([t.transform(X) for t in unary], [t.transform(X) for t in edge])
+
+    def get_feature_names_out(self, input_features=None):
+        """Names of the node feature columns: the ``unary`` parts' names in
+        order; with several parts, each prefixed by its part's name
+        (``"horsefeatures__hog[3]"``; ``"-2"`` etc. after a repeated class).
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored (images have no named input columns).
+
+        Returns
+        -------
+        names : ndarray of str objects
+        """
+        return _combined_names(_as_transformer_list(self.unary, "unary"), "get_feature_names_out")
+
+    def get_edge_feature_names_out(self):
+        """Names of the edge feature columns: the ``edge`` parts' names, in
+        order, prefixed as in :meth:`get_feature_names_out`."""
+        return _combined_names(_as_transformer_list(self.edge, "edge"), "get_edge_feature_names_out")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
