@@ -303,8 +303,9 @@ def plot_loss_curve(estimator, *, x="iteration", ax=None, label=None, **line_kwa
     ax : Axes, default=None
         None draws on a new pyplot figure.
     label : str, default=None
-        Legend label of a single line (default: the stage's name, e.g.
-        "fit"); with several stages, put before each stage's name.
+        Label of a single line (default: the stage's name, e.g. "fit"), for
+        a legend the caller draws; with several stages, put before each
+        stage's name in the legend drawn here.
     **line_kwargs
         Passed to :meth:`matplotlib.axes.Axes.plot` (colour, line style, ...).
 
@@ -345,6 +346,6 @@ def plot_loss_curve(estimator, *, x="iteration", ax=None, label=None, **line_kwa
         previous_end = xs[-1]
     ax.set_xlabel("L-BFGS iteration" if x == "iteration" else "seconds since the start of fit")
     ax.set_ylabel("objective")
-    if len(stages) > 1 or label is not None:
+    if len(stages) > 1:
         ax.legend(fontsize=8)
     return ax
