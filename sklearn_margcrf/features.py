@@ -113,6 +113,7 @@ __all__ = [
     "reduced_shape",
     "RGB_THRESHOLDS",
     "SOBEL_THRESHOLDS",
+    "MIN_PROBABILITY",
 ]
 
 #: Default thresholds on the L2 norm of the RGB difference of neighbours
@@ -967,7 +968,7 @@ class ClassifierFeatures(TransformerMixin, BaseEstimator):
     random forest, logistic regression on network embeddings, ...) is fitted
     on the labelled nodes' features, and each sample's node features are
     replaced by the classifier's ``log P(class)`` (one column per class,
-    probabilities clipped below at :data:`MIN_PROBABILITY`); the edges, edge
+    probabilities clipped below at ``MIN_PROBABILITY`` = 1e-6); the edges, edge
     features, ``grid_shape`` and ``image_shape`` are kept. The CRF after it
     then learns how far to trust the classifier and how strongly to smooth.
 
@@ -1104,7 +1105,7 @@ class ClassifierFeatures(TransformerMixin, BaseEstimator):
         Returns
         -------
         samples : list of CRFSample
-            Node features of shape (n, len(classes_)); edges, edge features
+            Node features of shape (n, ``len(classes_)``); edges, edge features
             and shapes as in ``X``.
         """
         check_is_fitted(self)

@@ -16,14 +16,14 @@ a dict for multi-metric search::
     GridSearchCV(pipe, grid, refit="node_accuracy",
                  scoring={name: get_scorer(name) for name in ("node_accuracy", "neg_marginal_log_loss")})
 
-=============================  ===================================  ==========================================
-name (``SCORERS`` key)          object                               function
-=============================  ===================================  ==========================================
-``node_accuracy``               ``node_accuracy_scorer``             :func:`node_accuracy`
-``neg_hamming_error``           ``neg_hamming_error_scorer``         ``-`` :func:`hamming_error`
-``neg_marginal_log_loss``       ``neg_marginal_log_loss_scorer``     ``-`` :func:`marginal_log_loss`
-``neg_marginal_brier_score``    ``neg_marginal_brier_score_scorer``  ``-`` :func:`marginal_brier_score`
-=============================  ===================================  ==========================================
+============================  ===================================  ==================================
+name (``SCORERS`` key)        object                               function
+============================  ===================================  ==================================
+``node_accuracy``             ``node_accuracy_scorer``             :func:`node_accuracy`
+``neg_hamming_error``         ``neg_hamming_error_scorer``         ``-`` :func:`hamming_error`
+``neg_marginal_log_loss``     ``neg_marginal_log_loss_scorer``     ``-`` :func:`marginal_log_loss`
+``neg_marginal_brier_score``  ``neg_marginal_brier_score_scorer``  ``-`` :func:`marginal_brier_score`
+============================  ===================================  ==================================
 
 (``neg_log_loss_scorer`` and ``neg_brier_score_scorer`` are older names of
 the same objects.)

@@ -307,7 +307,7 @@ def plot_loss_curve(estimator, *, x="iteration", ax=None, label=None, **line_kwa
         a legend the caller draws; with several stages, put before each
         stage's name in the legend drawn here.
     **line_kwargs
-        Passed to :meth:`matplotlib.axes.Axes.plot` (colour, line style, ...).
+        Passed to matplotlib's ``Axes.plot`` (colour, line style, ...).
 
     Returns
     -------

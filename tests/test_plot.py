@@ -164,3 +164,18 @@ def test_a_clear_error_without_matplotlib():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "'plot' extra" in out.stdout and "sklearn-margcrf[plot]" in out.stdout, out.stderr
+
+
+def test_the_user_guide_pictures_are_drawn_by_this_module(tmp_path):
+    """docs/make_figures.py makes the user guide's pictures with plot_marginals
+    and plot_loss_curve; the committed pictures are its output."""
+    import runpy
+    from pathlib import Path
+
+    pytest.importorskip("skimage", reason="the denoising features use scikit-image")
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    make_figures = runpy.run_path(str(docs / "make_figures.py"))["make_figures"]
+    for path in make_figures(tmp_path):
+        assert path.stat().st_size > 0
+        assert (docs / "images" / path.name).is_file()
+        assert f"images/{path.name}" in (docs / "user_guide.rst").read_text()
