@@ -1068,7 +1068,9 @@ class ClassifierFeatures(TransformerMixin, BaseEstimator):
         Parameters
         ----------
         X : list of samples
-        y : list of int label arrays (-1 = unlabelled)
+            ``CRFSample`` or ``(node_features, edges, edge_features)`` triples.
+        y : list of int arrays
+            One label per node ((n,), grid or image shape), -1 = unlabelled.
 
         Returns
         -------
@@ -1118,8 +1120,7 @@ class ClassifierFeatures(TransformerMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : list of samples
-        y : list of int label arrays (-1 = unlabelled)
+        X, y : as in :meth:`fit`
 
         Returns
         -------

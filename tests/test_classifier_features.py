@@ -129,3 +129,16 @@ def test_sklearn_conventions_and_errors():
     narrow = [CRFSample(s[0][:, :1], s[1], s[2]) for s in X]
     with pytest.raises(ValueError, match="node features"):
         features.transform(narrow)
+
+
+def test_data_free_common_checks():
+    from sklearn.utils.estimator_checks import (
+        check_get_params_invariance,
+        check_no_attributes_set_in_init,
+        check_parameters_default_constructible,
+        check_set_params,
+    )
+
+    for check in (check_no_attributes_set_in_init, check_parameters_default_constructible,
+                  check_get_params_invariance, check_set_params):
+        check("ClassifierFeatures", ClassifierFeatures(LogisticRegression()))
