@@ -269,7 +269,7 @@ def _stages(records):
     for index, record in enumerate(records):
         try:
             stage, n_iter = record.stage, int(record.n_iter)
-            float(record.objective), float(record.elapsed)
+            _ = float(record.objective) + float(record.elapsed)  # numbers, as plotted
         except (AttributeError, TypeError, ValueError):
             raise TypeError(
                 f"record {index} is a {type(record).__name__}: a history must hold the progress records that "
@@ -335,10 +335,10 @@ def plot_loss_curve(estimator, *, x="iteration", ax=None, label=None, **line_kwa
         import matplotlib.pyplot as plt
 
         _, ax = plt.subplots(figsize=(5.0, 3.5))
-    start = 0
-    for index, (name, objective, seconds) in enumerate(stages):
+    start, previous_end = 0, None
+    for name, objective, seconds in stages:
         xs = seconds if x == "time" else list(range(start + 1, start + len(objective) + 1))
-        if index > 0:
+        if previous_end is not None:  # the boundary with the previous stage
             ax.axvline(previous_end, color="0.6", linestyle=":", linewidth=1.0)
         text = name if label is None else (label if len(stages) == 1 else f"{label}: {name}")
         ax.plot(xs, objective, label=text, **line_kwargs)
