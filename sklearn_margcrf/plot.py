@@ -159,12 +159,12 @@ def plot_marginals(
                 "pass one entry of predict_proba's list, and reshape (n, K) node marginals to the grid"
             )
     shape = proba.shape[:2] if proba is not None else None
-    n_states = proba.shape[-1] if proba is not None else None
+    n_states, source = (proba.shape[-1], "proba") if proba is not None else (None, None)
     for name, values in (("class_names", class_names), ("colors", colors)):
         if values is not None:
             if n_states is not None and len(values) != n_states:
-                raise ValueError(f"{name} has {len(values)} entries but proba has {n_states} classes")
-            n_states = len(values)
+                raise ValueError(f"{name} has {len(values)} entries but {source} has {n_states} classes")
+            n_states, source = len(values), name
     if image is not None:
         image = np.asarray(image)
         if image.ndim not in (2, 3) or (image.ndim == 3 and image.shape[-1] not in (3, 4)):
