@@ -100,21 +100,6 @@ def compute_features(images, scale, n_jobs):
     return BackgroundFeatures(scale=scale, n_jobs=n_jobs).transform(images)
 
 
-def colour_labels(labels):
-    """(H, W, 3) colour image of integer labels; hidden (-1) pixels black."""
-    labels = np.asarray(labels)
-    out = np.zeros(labels.shape + (3,))
-    observed = labels >= 0
-    out[observed] = CLASS_COLOURS[labels[observed]]
-    return out
-
-
-def colour_marginals(marginals):
-    """(H, W, 3) image mixing the class colours with the marginal probabilities
-    (a confident pixel has its class's colour, an uncertain one a blend)."""
-    return np.clip(np.asarray(marginals) @ CLASS_COLOURS[: marginals.shape[-1]], 0.0, 1.0)
-
-
 def schedule_work(n_images, incremental, max_iter):
     """Sum over the stages of (images x L-BFGS iterations) of MarginalCRF's
     incremental schedule (the same rule as ``MarginalCRF._stages``)."""
@@ -347,35 +332,31 @@ def full_protocol_estimate(result, args, n_images=715, n_folds=5, incremental=32
 
 
 def figure(result, args):
-    from matplotlib.patches import Patch
+    from sklearn_margcrf.plot import plot_marginals
 
     plt = _common.pyplot()
 
     data, index = result["data"], result["figure_index"]
-    panels = [("Input image", data.images[index]), ("True labels", colour_labels(result["labels"][index]))]
+    labels = np.asarray(result["labels"][index])
     methods = []
     for key in args.rows:
         if key in result["figure_marginals"]:
             mu = result["figure_marginals"][key]
-            y = np.asarray(result["labels"][index])
-            observed = y >= 0
-            error = np.mean(np.argmax(mu, axis=-1)[observed] != y[observed]) if observed.any() else float("nan")
+            observed = labels >= 0
+            error = np.mean(np.argmax(mu, axis=-1)[observed] != labels[observed]) if observed.any() else float("nan")
             label = ROWS[key][0] + (f" ({result['figure_n_iter']} it.)" if ROWS[key][2] else "")
-            methods.append((f"{label}\nerror {error:.3f}", colour_marginals(mu)))
+            methods.append((f"{label}\nerror {error:.3f}", mu))
     n_cols = 3
     n_rows = 1 + -(-len(methods) // n_cols)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.2 * n_cols, 2.7 * n_rows), squeeze=False)
     for ax in axes.ravel():
         ax.axis("off")
-    for ax, (title, image) in zip(axes[0], panels):
-        ax.imshow(image)
-        ax.set_title(title, fontsize=9)
-    handles = [Patch(color=c, label=n) for c, n in zip(CLASS_COLOURS, result["class_names"])]
-    handles.append(Patch(color="black", label="unlabelled"))
-    axes[0, 2].legend(handles=handles, loc="center", fontsize=8, frameon=False)
-    for ax, (title, image) in zip(axes[1:].ravel(), methods):
-        ax.imshow(image)
-        ax.set_title(title, fontsize=9)
+    # class colours mixed by the marginals; the legend in the empty third slot
+    colours = dict(colors=CLASS_COLOURS, class_names=result["class_names"], unlabelled_color="black")
+    plot_marginals(data.images[index], None, truth=labels, ax=axes[0, :2], titles=["Input image", "True labels"],
+                   legend=axes[0, 2], **colours)
+    for ax, (title, mu) in zip(axes[1:].ravel(), methods):
+        plot_marginals(None, mu, kind="map", ax=ax, titles=[title], legend=False, **colours)
     fig.suptitle(
         f"Example marginals, image {data.ids[index]} (class colours mixed by the marginals, "
         f"upsampled from the {int(args.scale * 100)}% grid)", fontsize=9,

@@ -277,7 +277,7 @@ def run(args):
         ))
         results[(noise, key)] = record
         figure = panels(noise)
-        figure[key] = model.predict_proba([figure_samples[noise]])[0][..., 1]
+        figure[key] = model.predict_proba([figure_samples[noise]])[0]
         note = " (from the surrogate likelihood fit)" if ROWS[key][1].get("loss") == "smooth_classification" else ""
         print(
             f"  n={noise:g}  {name:<22} train {record['train']:.3f}  test {record['test']:.3f}  "
@@ -333,6 +333,8 @@ def _tables(args, results):
 
 
 def _figure(args, figures):
+    from sklearn_margcrf.plot import plot_marginals
+
     plt = _common.pyplot()
     levels = args.noise
     names = ["input"] + list(args.rows)
@@ -347,12 +349,14 @@ def _figure(args, figures):
     for col, n in enumerate(levels):
         for row, key in enumerate(names):
             ax = axes[row, col]
-            if key in figures[n]:
-                ax.imshow(figures[n][key], cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
+            if key == "input":
+                plot_marginals(figures[n][key], None, ax=ax, titles=False)
+            elif key in figures[n]:
+                plot_marginals(None, figures[n][key], states=[1], ax=ax, titles=False)
             else:
                 ax.text(0.5, 0.5, "not run", ha="center", va="center", fontsize=7, transform=ax.transAxes)
-            ax.set_xticks([])
-            ax.set_yticks([])
+                ax.set_xticks([])
+                ax.set_yticks([])
             if row == 0:
                 ax.set_title(f"n={n:g}", fontsize=9)
             if col == 0:

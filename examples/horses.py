@@ -338,6 +338,8 @@ def _tables(args, results, pixels):
 def _figure(args, image, labels, marginals, recorded=()):
     """The paper's figure; ``recorded``: rows reported from a record only
     (their panel says that its weights were not kept)."""
+    from sklearn_margcrf.plot import plot_marginals
+
     plt = _common.pyplot()
     panels = {"input": (image, None), "truth": (labels, None), **marginals}
     aspect = image.shape[0] / image.shape[1]
@@ -354,9 +356,11 @@ def _figure(args, image, labels, marginals, recorded=()):
             continue
         panel, n_iter = panels[key]
         if key == "input":
-            ax.imshow(image)
+            plot_marginals(image, None, ax=ax, titles=False)
+        elif key == "truth":
+            plot_marginals(None, None, truth=labels, ax=ax, titles=False, legend=False)
         else:
-            ax.imshow(panel, cmap="gray", vmin=0.0, vmax=1.0)
+            plot_marginals(None, panel, states=[1], ax=ax, titles=False)
         fewer = n_iter is not None and n_iter != args.iters[-1]
         ax.set_title(f"{title}\n({n_iter} iterations)" if fewer else title, fontsize=8)
     fig.suptitle(f"Predicted marginals p(horse), truncated learning with {args.iters[-1]} iterations", fontsize=9)
@@ -384,7 +388,7 @@ def main(argv=None):
         # (the paper's figure: 40; fewer in a partial run, and said so)
         marginals = {}
         for (key, n_iter), model in sorted(models.items(), key=lambda item: item[0][1] or 0):
-            marginals[key] = (model.predict_proba([X_test[k]])[0][..., 1], n_iter)
+            marginals[key] = (model.predict_proba([X_test[k]])[0], n_iter)
     text = _tables(args, results, pixels)
     text += f"\n\nFeatures: {features.seconds:.1f} s. Total wall time: {total.seconds:.1f} s"
     _common.report(text, args.out, "horses_table.txt")

@@ -228,6 +228,10 @@ def conclusion(curves, args):
 
 
 def figure(curves, args):
+    from sklearn.utils import Bunch
+
+    from sklearn_margcrf.plot import plot_loss_curve
+
     plt = _common.pyplot()
 
     colour_maps = {"truncated": plt.cm.Blues, "perturbation": plt.cm.Reds, "backprop": plt.cm.Greens}
@@ -239,8 +243,10 @@ def figure(curves, args):
         for k, (label, _) in enumerate(members):
             colour = colour_maps[family](0.45 + 0.55 * (k + 1) / len(members))
             c = curves[label]
-            if c["time"]:
-                ax_obj.plot(c["time"], c["objective"], styles[family], color=colour, label=label, lw=1.5)
+            if c["time"]:  # the callback's records, timed from the start of the independent fit
+                records = [Bunch(stage="fit", n_iter=k, objective=f, elapsed=t)
+                           for k, (t, f) in enumerate(zip(c["time"], c["objective"]), start=1)]
+                plot_loss_curve(records, x="time", ax=ax_obj, label=label, color=colour, linestyle=styles[family], lw=1.5)
             ax_err.plot(c["snap_time"], c["test_error"], styles[family], color=colour, label=label, lw=1.5, marker=".")
     from matplotlib.ticker import LogLocator, NullFormatter
 

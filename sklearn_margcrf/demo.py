@@ -102,20 +102,20 @@ def _save_figure(path, images, labels, rows):
     """One row per test image: noisy input, truth, P(x = 1) of each model."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
 
+    from .plot import plot_marginals
+
     n_rows = len(images)
     n_cols = 2 + len(rows)
     figure = Figure(figsize=(2.3 * n_cols, 2.0 * n_rows + 0.4), layout="constrained")
     axes = np.asarray(figure.subplots(n_rows, n_cols, squeeze=False))
-    titles = ["noisy input", "truth"] + [name for name, _ in rows]
+    titles = ["noisy input", "truth"] + [name.replace(", ", ",\n", 1) for name, _ in rows]
     for r in range(n_rows):
-        panels = [images[r], labels[r]] + [marginals[r][..., 1] for _, marginals in rows]
-        for c, panel in enumerate(panels):
-            axis = axes[r, c]
-            axis.imshow(panel, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-            axis.set_xticks([])
-            axis.set_yticks([])
-            if r == 0:
-                axis.set_title(titles[c].replace(", ", ",\n", 1), fontsize=8)
+        shown = titles if r == 0 else [""] * n_cols  # titles on the first row only
+        plot_marginals(images[r], None, truth=labels[r], ax=axes[r, :2], titles=shown[:2], legend=False)
+        for c, (_, marginals) in enumerate(rows, start=2):
+            plot_marginals(None, marginals[r], states=[1], ax=axes[r, c], titles=shown[c : c + 1])
+    for axis in axes[0]:
+        axis.title.set_fontsize(8)
     figure.suptitle("Binary denoising: predicted marginals P(x = 1)", fontsize=10)
     figure.savefig(path, dpi=100)
     return path

@@ -16,6 +16,8 @@ follow the paper's Sec. "Experiments" (Domke, TPAMI 2013):
   reduced to 20% of the image.
 - :class:`CombinedFeatures`: unary features from some transformers, edge
   features from others.
+- :class:`ClassifierFeatures`: a per-pixel scikit-learn classifier's
+  log-probabilities as the node features of samples (stacking under the CRF).
 
 Image values
 ------------
@@ -48,6 +50,18 @@ marginals bilinearly) and labels may be given at image size
 (:func:`~sklearn_margcrf.sample.labels_to_grid` reduces them by nearest
 neighbour).
 
+Feature names
+-------------
+``get_feature_names_out()`` names the node feature columns and
+``get_edge_feature_names_out()`` the edge feature columns, one name per column
+in column order, so that the learned weights can be read (column ``f`` of
+``MarginalCRF.unary_coef_`` and ``pairwise_coef_[:, :, f]``): ``"1"``
+(constant), ``"noisy"``, ``"cos(0)"``, ``"sin(r+g+x)"`` (the sinusoid of
+``fourier_scale * (R + G + horizontal position)``; r, g, b, then y and x for
+the vertical and horizontal position), ``"hog[3]"``; edge features
+``"horizontal:1"``, ``"vertical:rgb_diff>0.1"``, ``"horizontal:sobel>0.04"``
+(set on edges of that orientation only).
+
 Combining transformers
 ----------------------
 Unary features from one transformer and edge features from another::
@@ -70,21 +84,24 @@ import numbers
 import numpy as np
 from scipy import ndimage
 from sklearn.base import BaseEstimator, TransformerMixin, clone
+from sklearn.model_selection import check_cv
 from sklearn.utils import get_tags
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted
 
-from ._graph import grid_edges
-from .sample import CRFSample
+from ._graph import _as_labels, grid_edges
+from .sample import CRFSample, as_sample, labels_to_grid
 
 __all__ = [
     "DenoisingFeatures",
     "HorseFeatures",
     "BackgroundFeatures",
     "CombinedFeatures",
+    "ClassifierFeatures",
     "combine_samples",
     "fourier_features",
+    "fourier_feature_names",
     "binary_vectors",
     "dense_hog",
     "position_features",
@@ -96,6 +113,7 @@ __all__ = [
     "reduced_shape",
     "RGB_THRESHOLDS",
     "SOBEL_THRESHOLDS",
+    "MIN_PROBABILITY",
 ]
 
 #: Default thresholds on the L2 norm of the RGB difference of neighbours
@@ -243,6 +261,28 @@ def fourier_features(s, scale=np.pi):
         )
     angles = scale * (s @ binary_vectors(s.shape[1]).T)
     return np.concatenate([np.cos(angles), np.sin(angles)], axis=1)
+
+
+#: Letters of the colour transformers' base values in feature names: R, G, B,
+#: vertical (y) and horizontal (x) position.
+_COLOUR_BASE_NAMES = ("r", "g", "b", "y", "x")
+
+
+def fourier_feature_names(base_names):
+    """Names of the columns of :func:`fourier_features` for base features
+    called ``base_names``: ``"cos(<c.s>)"`` then ``"sin(<c.s>)"``, where
+    ``<c.s>`` joins the names of the base features with ``c = 1`` by ``+``
+    (``"0"`` for c = 0), e.g. ``"sin(r+g+x)"``. The frequency multiplier
+    (``scale``) is not written.
+    """
+    base_names = [str(name) for name in base_names]
+    sums = ["+".join(n for n, on in zip(base_names, c) if on) or "0" for c in binary_vectors(len(base_names))]
+    return [f"cos({s})" for s in sums] + [f"sin({s})" for s in sums]
+
+
+def _threshold_names(name, thresholds):
+    """``"<name>><t>"`` for each threshold, as :func:`threshold_features` orders them."""
+    return [f"{name}>{float(t):g}" for t in np.asarray(thresholds, dtype=np.float64).ravel()]
 
 
 def position_features(shape):
@@ -447,6 +487,38 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
             image_shape=image_shape,
         )
 
+    def get_feature_names_out(self, input_features=None):
+        """Names of the node feature columns (``node_features`` of the samples).
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored: images have no named input columns (kept for
+            scikit-learn's signature, so that ``Pipeline.get_feature_names_out``
+            works).
+
+        Returns
+        -------
+        names : ndarray of str objects, shape (n_node_features,)
+        """
+        self._check_params()
+        return np.asarray(self._unary_names(), dtype=object)
+
+    def get_edge_feature_names_out(self):
+        """Names of the edge feature columns (``edge_features`` of the samples).
+
+        Every base edge feature appears twice, ``"horizontal:<name>"`` (set on
+        horizontal edges only) and then ``"vertical:<name>"``, in the column
+        order of :func:`split_by_orientation`.
+
+        Returns
+        -------
+        names : ndarray of str objects, shape (n_edge_features,)
+        """
+        self._check_params()
+        base = self._base_edge_names()
+        return np.asarray([f"{side}:{name}" for side in ("horizontal", "vertical") for name in base], dtype=object)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.requires_fit = False
@@ -506,6 +578,12 @@ class DenoisingFeatures(_GridFeatures):
     def _edge_features(self, reduced, edges, grid_shape):
         return split_by_orientation(np.ones((edges.shape[0], 1)), grid_shape)
 
+    def _unary_names(self):
+        return ["1", "noisy"]
+
+    def _base_edge_names(self):
+        return ["1"]
+
 
 class _ColourFeatures(_GridFeatures):
     """The horses / backgrounds unary features (100 per pixel)."""
@@ -539,6 +617,13 @@ class _ColourFeatures(_GridFeatures):
     def _edge_features(self, reduced, edges, grid_shape):
         base = np.concatenate(self._base_edge_features(reduced, edges), axis=1)
         return split_by_orientation(base, grid_shape)
+
+    def _unary_names(self):
+        n_hog = self.hog_orientations * self.hog_block_size**2
+        return fourier_feature_names(_COLOUR_BASE_NAMES) + [f"hog[{k}]" for k in range(n_hog)]
+
+    def _base_edge_names(self):
+        return ["1"] + _threshold_names("rgb_diff", self.rgb_thresholds)
 
 
 _COLOUR_DOC = """
@@ -626,6 +711,9 @@ class HorseFeatures(_ColourFeatures):
         return super()._base_edge_features(reduced, edges) + [
             threshold_features(strongest, self.sobel_thresholds)
         ]
+
+    def _base_edge_names(self):
+        return super()._base_edge_names() + _threshold_names("sobel", self.sobel_thresholds)
 
 
 class BackgroundFeatures(_ColourFeatures):
@@ -750,6 +838,23 @@ def _as_transformer_list(value, name):
     return items
 
 
+def _combined_names(parts, method):
+    """The parts' feature names, concatenated; prefixed by the parts' names
+    (lower-case class names, numbered when repeated, as ``make_union``)
+    when there are several parts."""
+    names = [list(getattr(part, method)()) for part in parts]
+    if len(parts) == 1:
+        return np.asarray(names[0], dtype=object)
+    classes = [type(part).__name__.lower() for part in parts]
+    seen = {}
+    out = []
+    for cls, part_names in zip(classes, names):
+        seen[cls] = seen.get(cls, 0) + 1
+        prefix = cls if classes.count(cls) == 1 else f"{cls}-{seen[cls]}"
+        out += [f"{prefix}__{name}" for name in part_names]
+    return np.asarray(out, dtype=object)
+
+
 class CombinedFeatures(TransformerMixin, BaseEstimator):
     """Unary features from some transformers, edge features from others.
 
@@ -796,6 +901,27 @@ class CombinedFeatures(TransformerMixin, BaseEstimator):
         X = list(X)
         return combine_samples([t.transform(X) for t in unary], [t.transform(X) for t in edge])
 
+    def get_feature_names_out(self, input_features=None):
+        """Names of the node feature columns: the ``unary`` parts' names in
+        order; with several parts, each prefixed by its part's name
+        (``"horsefeatures__hog[3]"``; ``"-2"`` etc. after a repeated class).
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored (images have no named input columns).
+
+        Returns
+        -------
+        names : ndarray of str objects
+        """
+        return _combined_names(_as_transformer_list(self.unary, "unary"), "get_feature_names_out")
+
+    def get_edge_feature_names_out(self):
+        """Names of the edge feature columns: the ``edge`` parts' names, in
+        order, prefixed as in :meth:`get_feature_names_out`."""
+        return _combined_names(_as_transformer_list(self.edge, "edge"), "get_edge_feature_names_out")
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         try:
@@ -805,5 +931,253 @@ class CombinedFeatures(TransformerMixin, BaseEstimator):
             tags.requires_fit = True
         tags.input_tags.two_d_array = False
         tags.input_tags.three_d_array = True
+        tags.transformer_tags.preserves_dtype = []
+        return tags
+
+
+# ---------------------------------------------------------------------------
+# A per-pixel classifier under the CRF
+
+#: Probabilities are clipped below at this before the log, so that a class a
+#: classifier rules out gives a finite feature (log(1e-6) = -13.8).
+MIN_PROBABILITY = 1e-6
+
+
+def _labelled_nodes(samples, y):
+    """Stack the node features and labels of the labelled nodes of all samples."""
+    if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
+        raise TypeError(f"y must be a list of label arrays (one per sample), got {type(y).__name__}")
+    if len(y) != len(samples):
+        raise ValueError(f"X has {len(samples)} samples but y has {len(y)} label arrays")
+    features, labels = [], []
+    for k, (sample, lab) in enumerate(zip(samples, y)):
+        try:
+            flat = labels_to_grid(_as_labels(lab, f"y[{k}]"), sample)
+        except ValueError as exc:
+            raise ValueError(f"y[{k}]: {exc}") from None
+        observed = flat >= 0
+        features.append(np.asarray(sample[0])[observed])
+        labels.append(flat[observed])
+    return np.concatenate(features), np.concatenate(labels)
+
+
+class ClassifierFeatures(TransformerMixin, BaseEstimator):
+    """A per-pixel classifier's log-probabilities as the samples' node features.
+
+    Stacking under the CRF: any scikit-learn classifier (gradient boosting, a
+    random forest, logistic regression on network embeddings, ...) is fitted
+    on the labelled nodes' features, and each sample's node features are
+    replaced by the classifier's ``log P(class)`` (one column per class,
+    probabilities clipped below at ``MIN_PROBABILITY`` = 1e-6); the edges, edge
+    features, ``grid_shape`` and ``image_shape`` are kept. The CRF after it
+    then learns how far to trust the classifier and how strongly to smooth.
+
+    ``fit_transform`` (what :class:`~sklearn.pipeline.Pipeline` calls while
+    fitting) is cross-fitted: the images are split by ``cv``, and the
+    features of each image come from a clone fitted on the other folds, so
+    that the CRF learns from evidence as good as it will be on new images,
+    not from the classifier's overfitted answers on its own training
+    pixels. ``transform`` (prediction) uses ``estimator_``, fitted on all the
+    labelled nodes.
+
+    Parameters
+    ----------
+    estimator : classifier
+        A scikit-learn classifier with ``predict_proba``; cloned, never
+        fitted itself.
+    cv : int, cross-validation splitter or iterable, default=5
+        How ``fit_transform`` splits the **images** (not the pixels, which
+        are correlated within an image): an int k is ``KFold(k)`` over the
+        samples, as :func:`~sklearn.model_selection.check_cv` makes it; a
+        splitter or an iterable of (train, test) index arrays must index the
+        samples. Every training split must hold labelled nodes.
+
+    Attributes
+    ----------
+    estimator_ : classifier
+        Fitted on the labelled nodes of all samples; used by ``transform``.
+    classes_ : ndarray
+        ``estimator_.classes_``: the class of each output column.
+    n_features_in_ : int
+        Node features of the input samples.
+    n_edge_features_in_ : int
+        Edge features of the input samples (kept as they are).
+
+    Notes
+    -----
+    ``X`` is a list of samples (``CRFSample`` or ``(node_features, edges,
+    edge_features)`` triples, as the feature transformers of this module
+    produce) and ``y`` a list of integer label arrays, one per sample
+    ((n,), the grid shape or the image shape; -1 = unlabelled), as
+    :class:`~sklearn_margcrf.MarginalCRF` takes them. Folds lacking a class
+    give that class's column ``log(MIN_PROBABILITY)``.
+
+    Examples
+    --------
+    >>> from sklearn.ensemble import HistGradientBoostingClassifier
+    >>> from sklearn.pipeline import make_pipeline
+    >>> from sklearn_margcrf import MarginalCRF
+    >>> from sklearn_margcrf.features import ClassifierFeatures, HorseFeatures
+    >>> model = make_pipeline(HorseFeatures(scale=0.5),
+    ...                       ClassifierFeatures(HistGradientBoostingClassifier(), cv=5),
+    ...                       MarginalCRF(n_iter=20))
+    """
+
+    _parameter_constraints = {
+        "estimator": [HasMethods(["fit", "predict_proba"])],
+        "cv": ["cv_object"],
+    }
+
+    def __init__(self, estimator, *, cv=5):
+        self.estimator = estimator
+        self.cv = cv
+
+    def _check_X(self, X, reset):
+        if isinstance(X, np.ndarray) and X.dtype != object:
+            raise TypeError(
+                f"X must be a list of samples (node_features, edges, edge_features), got an array of shape {X.shape}"
+            )
+        samples = [as_sample(sample) for sample in X]
+        if not samples:
+            raise ValueError("X is empty: need at least one sample")
+        widths = {np.shape(s[0])[1] if np.ndim(s[0]) == 2 else None for s in samples}
+        if None in widths or len(widths) != 1:
+            raise ValueError(
+                f"every sample's node_features must be 2-D with the same number of columns, got {sorted(map(str, widths))}"
+            )
+        (width,) = widths
+        if reset:
+            self.n_features_in_ = width
+            self.n_edge_features_in_ = next((np.shape(s[2])[1] for s in samples if np.ndim(s[2]) == 2), 0)
+        elif width != self.n_features_in_:
+            raise ValueError(f"X has {width} node features, but ClassifierFeatures was fitted with {self.n_features_in_}")
+        return samples
+
+    def _fit(self, samples, y):
+        self._validate_params()
+        features, labels = _labelled_nodes(samples, y)
+        if labels.size == 0:
+            raise ValueError("y has no labelled node (every label is -1): nothing to learn from")
+        self.estimator_ = clone(self.estimator).fit(features, labels)
+        self.classes_ = np.asarray(self.estimator_.classes_)
+        return self
+
+    def fit(self, X, y):
+        """Fit ``estimator_`` on the labelled nodes of all samples.
+
+        Parameters
+        ----------
+        X : list of samples
+            ``CRFSample`` or ``(node_features, edges, edge_features)`` triples.
+        y : list of int arrays
+            One label per node ((n,), grid or image shape), -1 = unlabelled.
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(self._check_X(X, reset=True), y)
+
+    def _replace(self, samples, estimator):
+        """The samples with ``log P(class)`` of ``estimator`` as node features,
+        its classes placed in the columns of ``classes_``."""
+        if not samples:
+            return []
+        sizes = np.cumsum([np.shape(s[0])[0] for s in samples])[:-1]
+        proba = estimator.predict_proba(np.concatenate([np.asarray(s[0]) for s in samples]))
+        columns = np.searchsorted(self.classes_, estimator.classes_)
+        full = np.zeros((proba.shape[0], len(self.classes_)))
+        full[:, columns] = proba
+        log_proba = np.log(np.clip(full, MIN_PROBABILITY, 1.0))
+        return [
+            CRFSample(
+                np.ascontiguousarray(part), s[1], s[2],
+                grid_shape=getattr(s, "grid_shape", None), image_shape=getattr(s, "image_shape", None),
+            )
+            for s, part in zip(samples, np.split(log_proba, sizes))
+        ]
+
+    def transform(self, X):
+        """Replace the node features by ``estimator_``'s log-probabilities.
+
+        Parameters
+        ----------
+        X : list of samples
+
+        Returns
+        -------
+        samples : list of CRFSample
+            Node features of shape (n, ``len(classes_)``); edges, edge features
+            and shapes as in ``X``.
+        """
+        check_is_fitted(self)
+        return self._replace(self._check_X(X, reset=False), self.estimator_)
+
+    def fit_transform(self, X, y):
+        """Fit ``estimator_`` on all samples and return cross-fitted samples:
+        each sample's log-probabilities come from a clone of ``estimator``
+        fitted on the samples of the other folds of ``cv``.
+
+        Parameters
+        ----------
+        X, y : as in :meth:`fit`
+
+        Returns
+        -------
+        samples : list of CRFSample
+        """
+        samples = self._check_X(X, reset=True)
+        self._fit(samples, y)
+        cv = check_cv(self.cv)
+        index = np.arange(len(samples)).reshape(-1, 1)
+        n_splits = cv.get_n_splits(index)
+        if n_splits > len(samples):
+            raise ValueError(
+                f"cv={self.cv!r} splits the samples (images) into {n_splits} folds but X has {len(samples)}: "
+                "give a smaller cv"
+            )
+        out = [None] * len(samples)
+        for train, test in cv.split(index):
+            fold = clone(self.estimator).fit(*_labelled_nodes([samples[k] for k in train], [y[k] for k in train]))
+            for k, sample in zip(test, self._replace([samples[k] for k in test], fold)):
+                out[k] = sample
+        missing = [k for k, sample in enumerate(out) if sample is None]
+        if missing:
+            raise ValueError(f"cv left samples {missing} out of every test fold; give a partition of the samples")
+        return out
+
+    def get_feature_names_out(self, input_features=None):
+        """``"log_proba(<class>)"`` for each class of ``classes_``.
+
+        Parameters
+        ----------
+        input_features : ignored
+            The output does not depend on the input's names.
+
+        Returns
+        -------
+        names : ndarray of str objects
+        """
+        check_is_fitted(self)
+        return np.asarray([f"log_proba({c})" for c in self.classes_], dtype=object)
+
+    def get_edge_feature_names_out(self, input_features=None):
+        """The edge features pass through unchanged: ``input_features`` if
+        given (for example the previous transformer's
+        ``get_edge_feature_names_out()``), else ``"edge[k]"``."""
+        check_is_fitted(self)
+        if input_features is None:
+            return np.asarray([f"edge[{k}]" for k in range(self.n_edge_features_in_)], dtype=object)
+        if len(input_features) != self.n_edge_features_in_:
+            raise ValueError(
+                f"input_features has {len(input_features)} names but the samples had {self.n_edge_features_in_} "
+                "edge features"
+            )
+        return np.asarray(input_features, dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.target_tags.required = True
         tags.transformer_tags.preserves_dtype = []
         return tags

@@ -9,21 +9,55 @@ of one sample may have any matching spatial shape: (n,) and (n, K), or (H, W)
 and (H, W, K).
 
 Scorers are callables ``scorer(estimator, X, y)`` (greater is better), usable
-as ``scoring=`` in :class:`~sklearn.model_selection.GridSearchCV` (alone or in
-a dict for multi-metric search). On a :class:`~sklearn_margcrf.MarginalCRF`,
-or a :class:`~sklearn.pipeline.Pipeline` ending in one, they score the nodes
-of each sample, like ``score``: labels given at image size are reduced to the
-grid (with ``scale < 1`` features, the CRF's coarser grid). On other
-estimators they score what ``predict_proba`` returns.
+as ``scoring=`` in :class:`~sklearn.model_selection.GridSearchCV`, alone or in
+a dict for multi-metric search::
 
-=============================  ==========================================
-scorer                          function
-=============================  ==========================================
-``node_accuracy_scorer``        :func:`node_accuracy`
-``neg_hamming_error_scorer``    ``-`` :func:`hamming_error`
-``neg_log_loss_scorer``         ``-`` :func:`marginal_log_loss`
-``neg_brier_score_scorer``      ``-`` :func:`marginal_brier_score`
-=============================  ==========================================
+    GridSearchCV(pipe, grid, scoring=get_scorer("neg_marginal_log_loss"))
+    GridSearchCV(pipe, grid, refit="node_accuracy",
+                 scoring={name: get_scorer(name) for name in ("node_accuracy", "neg_marginal_log_loss")})
+
+============================  ===================================  ==================================
+name (``SCORERS`` key)        object                               function
+============================  ===================================  ==================================
+``node_accuracy``             ``node_accuracy_scorer``             :func:`node_accuracy`
+``neg_hamming_error``         ``neg_hamming_error_scorer``         ``-`` :func:`hamming_error`
+``neg_marginal_log_loss``     ``neg_marginal_log_loss_scorer``     ``-`` :func:`marginal_log_loss`
+``neg_marginal_brier_score``  ``neg_marginal_brier_score_scorer``  ``-`` :func:`marginal_brier_score`
+============================  ===================================  ==================================
+
+(``neg_log_loss_scorer`` and ``neg_brier_score_scorer`` are older names of
+the same objects.)
+
+Why scikit-learn's scorer names do not work
+-------------------------------------------
+``GridSearchCV(scoring="accuracy")`` or ``scoring="neg_log_loss"`` looks the
+name up in scikit-learn's own registry, whose scorers compare ``y`` with the
+predictions as single flat arrays, one label per row of ``X``. Here ``y`` is a
+list of label arrays, one per image, of different sizes and with -1 for
+unlabelled nodes, and ``predict_proba`` returns one (H, W, K) array per image:
+scikit-learn cannot tell what kind of target that is ("unknown is not
+supported") or cannot stack it, and would count unlabelled nodes if it could.
+Pass the scorer objects of this module instead (:func:`get_scorer` finds them
+by name).
+
+Where they score: the CRF grid or the image
+-------------------------------------------
+With features at ``scale < 1`` the CRF grid is coarser than the image, and
+``MarginalCRF.predict_proba`` upsamples its marginals to the image size. The
+scorers offer both (``resolution``):
+
+- ``"grid"`` (the default, the ``SCORERS``): on a
+  :class:`~sklearn_margcrf.MarginalCRF`, or a :class:`~sklearn.pipeline.Pipeline`
+  ending in one, they score the nodes of each sample, like
+  ``MarginalCRF.score``: labels given at image size are reduced to the grid
+  (nearest neighbour). This is what the model was fitted on, and it is cheap.
+- ``"image"`` (``get_scorer(name, resolution="image")``): they score what
+  ``predict_proba`` / ``predict`` answer, at the image size, against labels at
+  the image size; the paper's error rates on the backgrounds data are of this
+  kind.
+
+With ``scale=1`` both agree. On estimators that are not a CRF both score
+what ``predict_proba`` returns.
 """
 
 import numpy as np
@@ -42,6 +76,8 @@ __all__ = [
     "neg_brier_score_scorer",
     "neg_hamming_error_scorer",
     "neg_log_loss_scorer",
+    "neg_marginal_brier_score_scorer",
+    "neg_marginal_log_loss_scorer",
     "node_accuracy",
     "node_accuracy_scorer",
 ]
@@ -137,6 +173,9 @@ def marginal_brier_score(y_true, marginals):
     return float(np.mean(np.sum(diff * diff, axis=1)))
 
 
+RESOLUTIONS = ("grid", "image")
+
+
 def _node_level(estimator, X, y):
     """(labels, marginals) per sample, at the nodes when the estimator can
     tell them (a MarginalCRF, or a Pipeline ending in one, whose earlier steps
@@ -161,59 +200,125 @@ def _node_level(estimator, X, y):
 class _StructuredScorer:
     """``scorer(estimator, X, y)``: ``sign * score_func(y, marginals or labels)``."""
 
-    def __init__(self, score_func, sign, response, name):
+    def __init__(self, score_func, sign, response, name, resolution):
         self._score_func = score_func
         self._sign = sign
         self._response = response
-        self._name = name
+        self.name = name
+        self.resolution = resolution
 
     def __call__(self, estimator, X, y, sample_weight=None):
         if sample_weight is not None:
-            raise ValueError(f"the {self._name} scorer does not support sample_weight")
-        labels, marginals = _node_level(estimator, X, y)
+            raise ValueError(f"the {self.name} scorer does not support sample_weight")
+        if self.resolution == "grid":
+            labels, marginals = _node_level(estimator, X, y)
+        else:
+            labels, marginals = list(y), estimator.predict_proba(X)
         if self._response == "predict":
             prediction = [np.argmax(np.asarray(mu), axis=-1) for mu in marginals]
             return self._sign * self._score_func(labels, prediction)
         return self._sign * self._score_func(labels, marginals)
 
     def __repr__(self):
-        sign = "" if self._sign > 0 else "-"
-        return f"<structured scorer {sign}{self._score_func.__name__} on {self._response}>"
+        return f"<structured scorer {self.name!r} on {self._response}, at the {self.resolution} resolution>"
 
 
-def make_structured_scorer(score_func, *, response_method="predict", greater_is_better=True, name=None):
+def make_structured_scorer(
+    score_func, *, response_method="predict", greater_is_better=True, name=None, resolution="grid"
+):
     """A scorer ``scorer(estimator, X, y)`` from ``score_func(y_true, response)``.
 
-    ``response_method="predict"`` passes the maximum posterior marginal labels,
-    ``"predict_proba"`` the marginals, as lists over samples.
+    Parameters
+    ----------
+    score_func : callable
+        ``score_func(y_true, response)`` on lists over samples.
+    response_method : {"predict", "predict_proba"}, default="predict"
+        ``"predict"`` passes the maximum posterior marginal labels,
+        ``"predict_proba"`` the marginals.
+    greater_is_better : bool, default=True
+        False negates the score (the scorer's ``name`` should then start with
+        ``neg_``).
+    name : str, default=None
+        The scorer's ``name``; None: ``score_func``'s name.
+    resolution : {"grid", "image"}, default="grid"
+        Score the CRF's nodes (labels reduced to its grid) or the image-size
+        answers of ``predict_proba`` (see the module docstring).
     """
     if response_method not in ("predict", "predict_proba"):
         raise ValueError(f"response_method must be 'predict' or 'predict_proba', got {response_method!r}")
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
     return _StructuredScorer(
-        score_func, 1 if greater_is_better else -1, response_method, name or score_func.__name__
+        score_func, 1 if greater_is_better else -1, response_method, name or score_func.__name__, resolution
     )
 
 
 node_accuracy_scorer = make_structured_scorer(node_accuracy, name="node_accuracy")
 neg_hamming_error_scorer = make_structured_scorer(hamming_error, greater_is_better=False, name="neg_hamming_error")
-neg_log_loss_scorer = make_structured_scorer(
+neg_marginal_log_loss_scorer = make_structured_scorer(
     marginal_log_loss, response_method="predict_proba", greater_is_better=False, name="neg_marginal_log_loss"
 )
-neg_brier_score_scorer = make_structured_scorer(
+neg_marginal_brier_score_scorer = make_structured_scorer(
     marginal_brier_score, response_method="predict_proba", greater_is_better=False, name="neg_marginal_brier_score"
 )
+# older names of the same objects
+neg_log_loss_scorer = neg_marginal_log_loss_scorer
+neg_brier_score_scorer = neg_marginal_brier_score_scorer
 
+#: The structured scorers by name; each key is its scorer's ``name``, and
+#: ``<key>_scorer`` is the object's name in this module.
 SCORERS = {
-    "node_accuracy": node_accuracy_scorer,
-    "neg_hamming_error": neg_hamming_error_scorer,
-    "neg_marginal_log_loss": neg_log_loss_scorer,
-    "neg_marginal_brier_score": neg_brier_score_scorer,
+    scorer.name: scorer
+    for scorer in (node_accuracy_scorer, neg_hamming_error_scorer, neg_marginal_log_loss_scorer,
+                   neg_marginal_brier_score_scorer)
+}
+
+#: scikit-learn's flat-array scorer names and their structured counterparts.
+_SKLEARN_NAMES = {
+    "accuracy": "node_accuracy",
+    "neg_log_loss": "neg_marginal_log_loss",
+    "neg_brier_score": "neg_marginal_brier_score",
 }
 
 
-def get_scorer(name):
-    """The structured scorer called ``name`` (one of ``SCORERS``)."""
-    try:
-        return SCORERS[name]
-    except KeyError:
-        raise ValueError(f"unknown structured scorer {name!r}; choose one of {sorted(SCORERS)}") from None
+def get_scorer(name, *, resolution="grid"):
+    """The structured scorer called ``name`` (a key of ``SCORERS``).
+
+    Parameters
+    ----------
+    name : str
+        ``"node_accuracy"``, ``"neg_hamming_error"``,
+        ``"neg_marginal_log_loss"`` or ``"neg_marginal_brier_score"``.
+    resolution : {"grid", "image"}, default="grid"
+        ``"grid"`` returns the scorer of ``SCORERS``, which scores the CRF's
+        nodes like ``MarginalCRF.score``; ``"image"`` one that scores
+        ``predict_proba``'s answers at the image size (see the module
+        docstring).
+
+    Returns
+    -------
+    scorer : callable ``scorer(estimator, X, y)``
+        For ``scoring=`` in ``GridSearchCV``, ``cross_validate``, ...
+
+    Raises
+    ------
+    ValueError
+        For an unknown name, listing the known ones (and naming the
+        structured counterpart of scikit-learn's "accuracy", "neg_log_loss",
+        "neg_brier_score").
+    """
+    if name not in SCORERS:
+        hint = ""
+        if name in _SKLEARN_NAMES:
+            hint = (
+                f" ({name!r} is scikit-learn's scorer for flat label arrays; on structured labels, one array "
+                f"per image, use {_SKLEARN_NAMES[name]!r})"
+            )
+        raise ValueError(f"unknown structured scorer {name!r}{hint}; choose one of {sorted(SCORERS)}")
+    scorer = SCORERS[name]
+    if resolution == "grid":
+        return scorer
+    return make_structured_scorer(
+        scorer._score_func, response_method=scorer._response, greater_is_better=scorer._sign > 0,
+        name=scorer.name, resolution=resolution,
+    )

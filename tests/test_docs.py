@@ -14,6 +14,7 @@ import sklearn_margcrf.datasets
 import sklearn_margcrf.exceptions
 import sklearn_margcrf.features
 import sklearn_margcrf.metrics
+import sklearn_margcrf.plot
 
 pytest.importorskip("sphinx", reason="building the docs needs sphinx (the test extra installs it)")
 pytest.importorskip("numpydoc", reason="building the docs needs numpydoc (the test extra installs it)")
@@ -33,10 +34,15 @@ def test_docs_build_without_warnings(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     assert (tmp_path / "html" / "user_guide.html").exists()
+    # the user guide's pictures, drawn by sklearn_margcrf.plot (docs/make_figures.py)
+    for picture in ("marginals.png", "loss_curve.png"):
+        assert (tmp_path / "html" / "_images" / picture).exists()
     # every exported class and function of the public modules has a page of
     # its own (with its parameters), not only a line in its module's table
     generated = tmp_path / "html" / "generated"
-    for module in (sklearn_margcrf.datasets, sklearn_margcrf.features, sklearn_margcrf.metrics, sklearn_margcrf.exceptions):
+    modules = (sklearn_margcrf.datasets, sklearn_margcrf.features, sklearn_margcrf.metrics, sklearn_margcrf.exceptions,
+               sklearn_margcrf.plot)
+    for module in modules:
         for name in module.__all__:
             if inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name)):
                 assert (generated / f"{module.__name__}.{name}.html").exists(), f"no API page for {module.__name__}.{name}"
