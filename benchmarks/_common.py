@@ -27,9 +27,12 @@ def best_time(fn, repeat):
     return min(wall), min(cpu)
 
 
-def grid_arguments(doc):
-    """``--repeat``, ``--iters``, ``--height``, ``--width`` (defaults: 7, 20, 200 x 300)."""
+def grid_arguments(doc, extra=()):
+    """``--repeat``, ``--iters``, ``--height``, ``--width`` (defaults: 7, 20, 200 x 300), plus
+    ``extra`` (name, keyword arguments of ``add_argument``) pairs."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, options in extra:
+        parser.add_argument(name, **options)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--height", type=int, default=200)

@@ -1,67 +1,230 @@
-"""Gradient speed and memory: truncated TRW (20 iterations) + back TRW.
+"""Gradient speed and memory of truncated TRW + back TRW, one thread.
 
-200 x 300 4-connected grid, theta uniform in [-1, 1], rho = 0.5, K = 2 and 8,
-single thread, univariate logistic loss L = -sum_i log mu_i(label_i) with
-random labels (dL/dmu_i(x) = -[x = label_i] / mu_i(x)).
+200 x 300 4-connected grid, theta uniform in [-1, 1], rho = 0.5, univariate
+logistic loss ``-sum_i log mu_i(label_i)`` with random labels. Prints:
 
-Prints, for each K, the best of several runs (after a warm-up call that
-compiles the kernels) of
-  - the forward pass alone (trw_forward, n_iter=20),
-  - forward with keep_stack=True plus trw_backward(mode="truncated"),
-and the peak extra memory of forward(keep_stack) + backward: the tracemalloc
-peak (every numpy allocation) plus the one array the backward kernel allocates
-itself (the adjoint messages, 2E*K floats; numba's allocations are invisible
-to tracemalloc), and the stack's own size.
+1. for K = 2 and 8, float64 and float32, 20 iterations: the forward pass
+   alone and forward(keep_stack) + backward, minimum over ``--repeat`` runs of
+   the CPU time (``time.process_time``; steadier than wall time on a shared
+   machine), and the peak extra memory of forward + backward: the growth of
+   the process's peak resident set over a run, measured in a fresh process
+   per configuration (so numba's own allocations count too);
+2. K = 2 at n_iter = 200: the full stack against ``checkpoints=14``;
+3. two threads, each computing ``loss_and_grad`` of its own image, against
+   the same two calls one after the other (the kernels release the GIL);
+4. equal-accuracy speed: iterations and seconds until every unary marginal is
+   within 1e-3 of the converged ones, for our sequential schedule and for a
+   flooding (parallel-update) schedule written here for comparison.
 
-The machine is shared (other processes compete for its 2 cores), so both the
-minimum wall time and the minimum CPU time (time.process_time) are shown;
-the CPU time is the steadier figure.
-
-    python benchmarks/bench_gradients.py [--repeat R] [--iters N]
+    python benchmarks/bench_gradients.py [--repeat R] [--iters N] [--only SECTION]
 """
 
-import tracemalloc
+import concurrent.futures
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
 
-from _common import best_time, grid_arguments, random_grid_model, truncated_logistic_gradient  # noqa: E402 (sets up sys.path)
+from _common import best_time, grid_arguments, random_grid_model  # noqa: E402 (sets up sys.path)
 
 import numpy as np  # noqa: E402
+from numba import njit  # noqa: E402
 
-from sklearn_margcrf.trw import trw_forward  # noqa: E402
+from sklearn_margcrf import loss_and_grad  # noqa: E402
+from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
+
+
+def problem(height, width, K, dtype, seed=0):
+    edges, unary, pairwise, rng = random_grid_model(height, width, K, seed=seed)
+    rho = np.full(len(edges), 0.5)
+    labels = rng.integers(0, K, size=height * width)
+    return edges, unary.astype(dtype), pairwise.astype(dtype), rho, labels
+
+
+def gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
+    rows = np.arange(len(labels))
+    g_mu = np.zeros_like(state.unary_marginals)
+    g_mu[rows, labels] = -1 / state.unary_marginals[rows, labels]
+    return trw_backward(state, g_mu, None, mode="truncated")
+
+
+def peak_extra_memory(args, K, dtype, n_iter, checkpoints):
+    """Peak RSS growth of one forward + backward, in a fresh process (MB)."""
+    code = (
+        "import sys, resource, json; sys.argv = ['x']; sys.path[:0] = {path!r}\n"
+        "import bench_gradients as b, numpy as np\n"
+        "small = b.problem(8, 8, {K}, np.{dtype})\n"
+        "b.gradient(*small, n_iter=3, checkpoints={ck})  # compile\n"
+        "big = b.problem({h}, {w}, {K}, np.{dtype})\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "b.gradient(*big, n_iter={n}, checkpoints={ck})\n"
+        "print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 / 1e6))\n"
+    ).format(path=sys.path[:2], K=K, dtype=dtype, ck=checkpoints, h=args.height, w=args.width, n=n_iter)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=sys.path[0])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def section_speed(args):
+    print(f"1. truncated TRW, {args.iters} iterations, {args.height}x{args.width}, rho=0.5, univariate logistic; "
+          f"minimum CPU seconds of {args.repeat} runs; peak extra memory in a fresh process")
+    for K in (2, 8):
+        for dtype in ("float64", "float32"):
+            edges, unary, pairwise, rho, labels = problem(args.height, args.width, K, getattr(np, dtype))
+            _, forward = best_time(lambda: trw_forward(edges, unary, pairwise, rho, n_iter=args.iters), args.repeat)
+            _, both = best_time(lambda: gradient(edges, unary, pairwise, rho, labels, args.iters), args.repeat)
+            memory = peak_extra_memory(args, K, dtype, args.iters, None)
+            print(f"   K={K} {dtype}: forward {forward:.3f} s, forward+backward {both:.3f} s, "
+                  f"peak extra memory {memory:.0f} MB")
+
+
+def section_checkpoints(args):
+    n_iter = 200
+    print(f"2. checkpointed reverse mode, K=2, n_iter={n_iter}")
+    for dtype in ("float64", "float32"):
+        edges, unary, pairwise, rho, labels = problem(args.height, args.width, 2, getattr(np, dtype))
+        times = {}
+        for checkpoints in (n_iter, 14):
+            _, times[checkpoints] = best_time(
+                lambda: gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints), max(args.repeat // 2, 2)
+            )
+            memory = peak_extra_memory(args, 2, dtype, n_iter, checkpoints)
+            what = "full stack" if checkpoints == n_iter else f"checkpoints={checkpoints}"
+            print(f"   {dtype} {what}: {times[checkpoints]:.3f} s, peak extra memory {memory:.0f} MB")
+        print(f"   {dtype} time ratio checkpointed / full: {times[14] / times[n_iter]:.2f}")
+
+
+def section_threads(args):
+    print(f"3. two threads, each loss_and_grad of its own {args.height}x{args.width} image (K=2, "
+          f"{args.iters} TRW iterations, float64)")
+    images = [problem(args.height, args.width, 2, np.float64, seed=s) for s in (1, 2)]
+
+    def one(image):
+        edges, unary, pairwise, rho, labels = image
+        return loss_and_grad(edges, unary, pairwise, labels, rho=0.5, n_iter=args.iters)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        list(pool.map(one, images))  # compile, start the threads
+        sequential = threaded = math.inf
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            for image in images:
+                one(image)
+            sequential = min(sequential, time.perf_counter() - start)
+            start = time.perf_counter()
+            list(pool.map(one, images))
+            threaded = min(threaded, time.perf_counter() - start)
+    print(f"   one after the other {sequential:.3f} s, two threads {threaded:.3f} s: "
+          f"speed-up {sequential / threaded:.2f}x (wall time, minimum of {args.repeat})")
+
+
+@njit(cache=True, nogil=True)
+def _flooding_iterations(edges, unary, pairwise, rho, n_iter, messages, mu):
+    """TRW with the flooding schedule: every message of an iteration is
+    computed from the previous iteration's messages. ``messages[c, s]`` is
+    the message from edge c into node edges[c, s]; returns the unary
+    marginals after ``n_iter`` iterations in ``mu``."""
+    n, K = unary.shape
+    E = edges.shape[0]
+    belief = np.empty((n, K), unary.dtype)
+    new = np.empty_like(messages)
+    cav = np.empty(K, unary.dtype)
+    table = np.empty_like(pairwise)  # exp((theta_c - max theta_c) / rho_c), once
+    for c in range(E):
+        top = pairwise[c].max()
+        for a in range(K):
+            for b in range(K):
+                table[c, a, b] = math.exp((pairwise[c, a, b] - top) / rho[c])
+    for it in range(n_iter + 1):
+        for i in range(n):
+            top = unary[i].max()
+            for x in range(K):
+                belief[i, x] = math.exp(unary[i, x] - top)
+        for c in range(E):
+            for s in range(2):
+                v = edges[c, s]
+                for x in range(K):
+                    belief[v, x] *= messages[c, s, x] ** rho[c]
+        if it == n_iter:
+            break
+        for c in range(E):
+            for s in range(2):  # into edges[c, s], from u = edges[c, 1 - s]
+                u = edges[c, 1 - s]
+                for x in range(K):
+                    cav[x] = belief[u, x] / messages[c, 1 - s, x]
+                total = 0.0
+                for xv in range(K):
+                    acc = 0.0
+                    for xu in range(K):
+                        acc += (table[c, xu, xv] if s == 1 else table[c, xv, xu]) * cav[xu]
+                    new[c, s, xv] = acc
+                    total += acc
+                for x in range(K):
+                    new[c, s, x] = max(new[c, s, x] / total, 1e-300)
+        messages[:] = new
+    for i in range(n):
+        total = belief[i].sum()
+        for x in range(K):
+            mu[i, x] = belief[i, x] / total
+
+
+def flooding_marginals(edges, unary, pairwise, rho, n_iter):
+    K = unary.shape[1]
+    messages = np.full((len(edges), 2, K), 1.0 / K)
+    mu = np.empty_like(unary)
+    _flooding_iterations(edges, unary, pairwise, rho, n_iter, messages, mu)
+    return mu
+
+
+def iterations_to(run, reference, accuracy, limit=400):
+    """Smallest n_iter whose marginals are within ``accuracy`` of ``reference``
+    (doubling, then bisection)."""
+    def close(k):
+        return np.abs(run(k) - reference).max() < accuracy
+
+    high = 1
+    while not close(high):
+        high *= 2
+        if high > limit:
+            return None
+    low = high // 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if close(middle) else (middle, high)
+    return high
+
+
+def section_accuracy(args):
+    print("4. equal accuracy: iterations and CPU seconds until every unary marginal is within 1e-3 of the "
+          "converged TRW marginals (float64)")
+    for K in (2, 8):
+        edges, unary, pairwise, rho, _ = problem(args.height, args.width, K, np.float64)
+        converged = trw_forward(edges, unary, pairwise, rho, tol=1e-9, max_iter=2000).unary_marginals
+        schedules = {
+            "ours (sequential)": lambda k: trw_forward(edges, unary, pairwise, rho, n_iter=k).unary_marginals,
+            "flooding": lambda k: flooding_marginals(edges, unary, pairwise, rho, k),
+        }
+        for name, run in schedules.items():
+            n = iterations_to(run, converged, 1e-3)
+            if n is None:
+                print(f"   K={K} {name}: not within 1e-3 after 400 iterations")
+                continue
+            _, seconds = best_time(lambda: run(n), max(args.repeat // 2, 2))
+            print(f"   K={K} {name}: {n} iterations, {seconds:.3f} s")
+
+
+SECTIONS = {"speed": section_speed, "checkpoints": section_checkpoints, "threads": section_threads,
+            "accuracy": section_accuracy}
 
 
 def main():
-    args = grid_arguments(__doc__)
-
-    n = args.height * args.width
-    E = args.height * (args.width - 1) + (args.height - 1) * args.width
-    rho = np.full(E, 0.5)
-    N = args.iters
-    print(f"grid {args.height}x{args.width}: n={n}, E={E}, truncated TRW with {N} iterations, rho=0.5, "
-          f"univariate logistic loss; best of {args.repeat} runs (shared machine: minimum wall / CPU time)")
-    for K in (2, 8):
-        edges, unary, pairwise, rng = random_grid_model(args.height, args.width, K)
-        labels = rng.integers(0, K, size=n)
-
-        def forward_only():
-            return trw_forward(edges, unary, pairwise, rho, n_iter=N)
-
-        def forward_backward():
-            return truncated_logistic_gradient(edges, unary, pairwise, rho, labels, N)[:3]
-
-        wf, cf = best_time(forward_only, args.repeat)
-        wb, cb = best_time(forward_backward, args.repeat)
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        forward_backward()
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        kernel_scratch = 2 * E * K * 8
-        stack_bytes = N * 2 * E * K * 8
-        print(f"K={K}: forward {wf:.4f} s wall / {cf:.4f} s CPU;  forward(keep_stack)+backward "
-              f"{wb:.4f} s wall / {cb:.4f} s CPU;  peak extra memory {(peak + kernel_scratch) / 2**20:.1f} MiB "
-              f"= {(peak + kernel_scratch) / 1e6:.1f} MB "
-              f"(tracemalloc {peak / 2**20:.1f} MiB + kernel adjoints {kernel_scratch / 2**20:.1f} MiB; "
-              f"stack alone {stack_bytes / 2**20:.1f} MiB)")
+    args = grid_arguments(__doc__, extra=[("--only", dict(choices=sorted(SECTIONS), default=None))])
+    for name, section in SECTIONS.items():
+        if args.only in (None, name):
+            section(args)
+    print(f"(peak RSS of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB)")
 
 
 if __name__ == "__main__":

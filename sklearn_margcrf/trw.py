@@ -148,10 +148,10 @@ the gradient is bitwise that of the full stack (:mod:`._checkpoints`).
 """
 
 import math
-from collections import namedtuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ._backnorm import backnorm, backnorm_ratio
 from ._checkpoints import check_checkpoints, segment_plan
@@ -165,17 +165,34 @@ __all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
 
 # Numerical limits per compute dtype (see "Numerical stability"): the message
 # floor, the range of normalising sums outside which the log-domain path runs,
-# the inverse of a floored entry, and the size beyond which fixed-point
-# reverse sweeps count as diverged. float32 keeps the same margins in its
-# narrower range: 1 / floor and K / floor stay finite for K <= 30.
-_Limits = namedtuple("_Limits", "floor tiny huge inv_floor zero half one")
+# the inverse of a floored entry, and 0, 1/2, 1 of the dtype. float32 keeps the
+# same margins in its narrower range: 1 / floor and K / floor stay finite for
+# K <= 30.
+_LIMIT_VALUES = {
+    np.dtype(np.float64): (1e-300, 1e-200, 1e300),
+    np.dtype(np.float32): (1e-37, 1e-25, 1e30),
+}
 
 
 def _limits(dtype):
-    dtype = np.dtype(dtype)
-    floor, tiny, huge = (1e-300, 1e-200, 1e300) if dtype == np.float64 else (1e-37, 1e-25, 1e30)
-    t = dtype.type
-    return _Limits(t(floor), t(tiny), t(huge), t(1) / t(floor), t(0), t(0.5), t(1))
+    """(floor, tiny, huge, 1 / floor, 0, 1/2, 1) as scalars of ``dtype``."""
+    t = np.dtype(dtype).type
+    floor, tiny, huge = (t(v) for v in _LIMIT_VALUES[np.dtype(dtype)])
+    return floor, tiny, huge, t(1) / floor, t(0), t(0.5), t(1)
+
+
+def _limits_of(array):
+    """:func:`_limits` of ``array``'s dtype, inside the kernels."""
+    return _limits(array.dtype)
+
+
+@overload(_limits_of, inline="always")
+def _limits_of_compiled(array):
+    # Compile-time constants: passed in as arguments, the limits measured up to
+    # 1.5x slower in the K = 2 sweep.
+    values = _limits(np.float32 if array.dtype == types.float32 else np.float64)
+    floor, tiny, huge, inv_floor, zero, half, one = values
+    return lambda array: (floor, tiny, huge, inv_floor, zero, half, one)
 
 
 _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
@@ -215,23 +232,23 @@ def _n_states(kt, eu):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _live(value, inv_message, lim):
+def _live(value, inv_message, inv_floor, zero):
     """``value`` unless the message entry whose inverse is ``inv_message`` sits
     at the floor. A floored entry is a constant of the forward pass, so no
     adjoint is accumulated for it (this keeps the backward pass finite and
     exact for the floored forward: the adjoint of a floored entry is zero when
     its update is reversed, step 8(b))."""
-    return value if inv_message < lim.inv_floor else lim.zero
+    return value if inv_message < inv_floor else zero
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _slot_rho(rho_mode, rho_slot, k, lim):
+def _slot_rho(rho_mode, rho_slot, k, half, one):
     """``rho_slot[k]``, as a constant for the uniform classes: that spares the
     reverse sweeps one memory stream (3-5% of a K = 2 backward pass)."""
     if rho_mode == _RHO_HALF:
-        return lim.half
+        return half
     if rho_mode == _RHO_ONE:
-        return lim.one
+        return one
     return rho_slot[k]
 
 
@@ -330,12 +347,12 @@ def _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_s
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho, lim):
+def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho, floor, one):
     """Write message entry ``m`` (floored), its inverse and its power ``m ** rho``."""
-    if m < lim.floor:
-        m = lim.floor
+    if m < floor:
+        m = floor
     M[t, x] = m
-    IM[t, x] = lim.one / m
+    IM[t, x] = one / m
     if rho_mode == _RHO_HALF:
         MP[t, x] = math.sqrt(m)
     elif rho_mode == _RHO_GENERAL:
@@ -344,16 +361,17 @@ def _store_message_entry(M, MP, IM, t, x, m, rho_mode, rho, lim):
 
 
 @njit(cache=True, nogil=True)
-def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q, lim):
+def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM, cav, q):
     """Log-domain version of the message update of step ``st`` (fallback)."""
     K = cav.shape[0]
+    floor, _, _, _, _, _, one = _limits_of(M)
     t = sched[st, 0]
     _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
     for xv in range(K):
         m = q[0, xv]
         for xu in range(1, K):
             m += q[xu, xv]
-        _store_message_entry(M, MP, IM, t, xv, m, rho_mode, rho_sched[st], lim)
+        _store_message_entry(M, MP, IM, t, xv, m, rho_mode, rho_sched[st], floor, one)
 
 
 # ---------------------------------------------------------------------------
@@ -362,10 +380,11 @@ def _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho
 
 
 @njit(cache=True, nogil=True)
-def _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u):
+def _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u):
     """mu_i ∝ exp(theta_i) prod_{d∋i} m_d^rho_d. Returns the number of fallbacks."""
     n = mu_u.shape[0]
     K = _n_states(kt, eu)
+    _, tiny, huge, _, zero, _, one = _limits_of(eu)
     n_fallback = 0
     for i in range(n):
         for x in range(K):
@@ -373,11 +392,11 @@ def _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u):
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
                 mu_u[i, x] *= MP[k, x]
-        total = lim.zero
+        total = zero
         for x in range(K):
             total += mu_u[i, x]
-        if total > lim.tiny and total < lim.huge:
-            inv = lim.one / total
+        if total > tiny and total < huge:
+            inv = one / total
             for x in range(K):
                 mu_u[i, x] *= inv
             continue
@@ -391,7 +410,7 @@ def _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u):
         for x in range(1, K):
             if mu_u[i, x] > top:
                 top = mu_u[i, x]
-        total = lim.zero
+        total = zero
         for x in range(K):
             mu_u[i, x] = math.exp(mu_u[i, x] - top)
             total += mu_u[i, x]
@@ -401,10 +420,11 @@ def _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u):
 
 
 @njit(cache=True, nogil=True)
-def _pairwise_marginals(lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p):
+def _pairwise_marginals(edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p):
     """mu_c ∝ exp(theta_c / rho_c) A_ci A_cj, ``mu_p`` (E, K*K) row-major in (x_i, x_j)."""
     E = edges.shape[0]
     K = eu.shape[1]
+    _, tiny, huge, _, zero, _, one = _limits_of(eu)
     ai = np.empty(K, eu.dtype)
     aj = np.empty(K, eu.dtype)
     n_fallback = 0
@@ -425,14 +445,14 @@ def _pairwise_marginals(lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho
         for x in range(K):
             ai[x] *= IM[a, x]
             aj[x] *= IM[b, x]
-        total = lim.zero
+        total = zero
         for xi in range(K):
             for xj in range(K):
                 v = tabs[c, xi, xj] * ai[xi] * aj[xj]  # forward-sweep table = (x_i, x_j) layout
                 mu_p[c, xi * K + xj] = v
                 total += v
-        if total > lim.tiny and total < lim.huge:
-            inv = lim.one / total
+        if total > tiny and total < huge:
+            inv = one / total
             for k in range(K * K):
                 mu_p[c, k] *= inv
             continue
@@ -447,7 +467,7 @@ def _pairwise_marginals(lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho
                 mu_p[c, xi * K + xj] = v
                 if v > top:
                     top = v
-        total = lim.zero
+        total = zero
         for k in range(K * K):
             mu_p[c, k] = math.exp(mu_p[c, k] - top)
             total += mu_p[c, k]
@@ -480,14 +500,13 @@ def _max_abs_diff(a, b):
 
 
 @njit(cache=True, nogil=True)
-def _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+def _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
            rho_slot, cav, out, q):
     """One TRW iteration, its steps in the order ``order`` (see
     ``_interleave``); ``cav``, ``out`` (K,) and ``q`` (K, K) are scratch.
     Returns the number of log-domain fallbacks."""
     K = _n_states(kt, eu)
-    cav = np.empty(K, eu.dtype)
-    out = np.empty(K, eu.dtype)
+    floor, tiny, huge, _, _, _, one = _limits_of(eu)
     n_fallback = 0
     for p in range(order.shape[0]):
         st = order[p]
@@ -511,14 +530,14 @@ def _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unar
         total = out[0]
         for x in range(1, K):
             total += out[x]
-        if total > lim.tiny and total < lim.huge:
-            inv = lim.one / total
+        if total > tiny and total < huge:
+            inv = one / total
             for x in range(K):
-                _store_message_entry(M, MP, IM, t, x, out[x] * inv, rho_mode, rho_sched[st], lim)
+                _store_message_entry(M, MP, IM, t, x, out[x] * inv, rho_mode, rho_sched[st], floor, one)
         else:
             n_fallback += 1
             _log_message(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, rho_mode, M, MP, IM,
-                         cav, q, lim)
+                         cav, q)
     return n_fallback
 
 
@@ -542,11 +561,12 @@ def _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unar
 
 
 @njit(cache=True, nogil=True)
-def _reverse_sweep(kt, lim, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
+def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
                    stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q):
     """Step 8 for every pair in reverse order; with ``restore``, the messages
     are restored from ``stack[slot]`` (and ``stack_pow[slot]``)."""
     K = _n_states(kt, eu)
+    _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu)
     keep_pow = stack_pow.shape[0] > 0
     n_steps = sched.shape[0]
     n_fwd = n_steps // 2
@@ -577,51 +597,49 @@ def _reverse_sweep(kt, lim, slot, restore, sched, tabs, rsum, eu, rho_sched, rho
             c = n_steps - 1 - st
             su = 1
             sv = K
-        if z > lim.tiny and z < lim.huge:
+        for x in range(K):
+            h[x] = zero
+        # (loops ordered x_v outer, x_u inner: K independent sums for h)
+        if z > tiny and z < huge:
             # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
-            inv = lim.one / z
-            for x in range(K):
-                rv[x] *= inv
-            for xu in range(K):
-                a = cav[xu]
-                acc = lim.zero
-                for xv in range(K):
-                    val = a * tabs[st, xu, xv] * rv[xv]
+            inv = one / z
+            for xv in range(K):
+                b = rv[xv] * inv
+                for xu in range(K):
+                    val = cav[xu] * tabs[st, xu, xv] * b
                     g_p[c, xu * su + xv * sv] += val  # (c)
-                    acc += val
-                h[xu] = acc
+                    h[xu] += val
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
-            for xu in range(K):
-                acc = lim.zero
-                for xv in range(K):
-                    val = q[xu, xv] * rv[xv]
+            for xv in range(K):
+                b = rv[xv]
+                for xu in range(K):
+                    val = q[xu, xv] * b
                     g_p[c, xu * su + xv * sv] += val  # (c)
-                    acc += val
-                h[xu] = acc
+                    h[xu] += val
         # (d)
         for x in range(K):
             g_u[u, x] += h[x]
         # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
         for k in range(lo, hi):
-            rk = _slot_rho(rho_mode, rho_slot, k, lim)
+            rk = _slot_rho(rho_mode, rho_slot, k, half, one)
             for x in range(K):
-                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x], lim)
+                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x], inv_floor, zero)
         for x in range(K):
-            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x], lim)
+            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x], inv_floor, zero)
         # (f) pull m_ci from the stack
         if restore:
             for x in range(K):
                 m = stack[slot, t, x]
                 M[t, x] = m
-                IM[t, x] = lim.one / m
+                IM[t, x] = one / m
                 if rho_mode == _RHO_HALF:
                     MP[t, x] = math.sqrt(m)
                 elif keep_pow:
                     MP[t, x] = stack_pow[slot, t, x]
         # (g)
         for x in range(K):
-            Madj[t, x] = lim.zero
+            Madj[t, x] = zero
 
 
 # ---------------------------------------------------------------------------
@@ -639,7 +657,7 @@ def _push(stack, stack_pow, slot, M, MP):
 
 @njit(cache=True, nogil=True)
 def _trw_forward_kernel(
-    kt, lim, sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+    kt, sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
     edges, ptr, slot_of, rho, n_iter, tol, max_iter, push_slot, stack, stack_pow, mu_u, mu_p,
 ):
     """TRW in place on ``M`` / ``MP`` / ``IM`` (messages, their rho-powers,
@@ -663,46 +681,47 @@ def _trw_forward_kernel(
     converged = False
     it = 0
     if not fixed:
-        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, prev)
+        n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
     while it < limit:
         if fixed and it == limit - 1:  # marginals before the last iteration, for .converged
-            n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, prev)
+            n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
         if keep and push_slot[it] >= 0:
             _push(stack, stack_pow, push_slot[it], M, MP)
         n_fallback += _sweep(  # 2(b)
-            kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+            kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
             rho_slot, cav, out, q,
         )
         it += 1
         if fixed and it < limit:
             continue
-        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u)
+        n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)
         if _max_abs_diff(mu_u, prev) < tol:
             converged = True
             break
         prev[:] = mu_u
     if it == 0:
-        n_fallback += _unary_marginals(kt, lim, ptr, eu, unary, rho_slot, M, MP, mu_u)  # step 4
+        n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)  # step 4
     n_fallback += _pairwise_marginals(
-        lim, edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p
+        edges, ptr, slot_of, tabs, eu, unary, pairwise, rho, rho_slot, M, MP, IM, mu_p
     )  # step 3
     return it, converged, n_fallback
 
 
 @njit(cache=True, nogil=True)
 def _recompute_segment(
-    kt, lim, first, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side,
+    kt, first, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side,
     rho_slot, stack, stack_pow,
 ):
     """Checkpointed reverse mode: from the messages kept in ``stack[first]``,
     rerun ``n_sweeps`` iterations exactly as the forward pass ran them,
     keeping the messages each starts from in ``stack[first + 1 + j]``."""
     K = eu.shape[1]
+    one = _limits_of(eu)[6]
     M = stack[first].copy()
     IM = np.empty_like(M)
     for k in range(M.shape[0]):
         for x in range(K):
-            IM[k, x] = lim.one / M[k, x]
+            IM[k, x] = one / M[k, x]
     if rho_mode == _RHO_ONE:
         MP = M
     elif rho_mode == _RHO_HALF:
@@ -713,19 +732,20 @@ def _recompute_segment(
     out = np.empty(K, eu.dtype)
     q = np.empty((K, K), eu.dtype)
     for j in range(n_sweeps):
-        _sweep(kt, lim, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
+        _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
                rho_slot, cav, out, q)
         _push(stack, stack_pow, first + 1 + j, M, MP)
 
 
 @njit(cache=True, nogil=True)
-def _backward_start(lim, edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, Madj):
+def _backward_start(edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, Madj):
     """Algorithm "Back TRW", steps 6 and 7 (step 5, the loss, is the caller's):
     the adjoints of the marginals pushed onto ``g_u``, ``g_p`` (the latter
     *not* yet multiplied by the common factor 1 / rho_c of steps 6(b) and
     8(c)) and the adjoint messages ``Madj``."""
     E = edges.shape[0]
     n, K = mu_u.shape
+    _, _, _, inv_floor, zero, _, _ = _limits_of(mu_u)
     nu = np.empty(K, Madj.dtype)
     nu_c = np.empty(K * K, Madj.dtype)
     row = np.empty(K, Madj.dtype)
@@ -737,8 +757,8 @@ def _backward_start(lim, edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, g
         j = edges[c, 1]
         backnorm(gmu_p[c], mu_p[c], nu_c)  # 6(a)
         for x in range(K):
-            row[x] = lim.zero
-            col[x] = lim.zero
+            row[x] = zero
+            col[x] = zero
         for xi in range(K):
             for xj in range(K):
                 v = nu_c[xi * K + xj]
@@ -751,15 +771,15 @@ def _backward_start(lim, edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, g
         # 6(d): dL/dm_d(x_i) += (rho_d - [c = d]) / m_d(x_i) sum_{x_j} nu_c, same for j
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x], lim)
+                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x], inv_floor, zero)
         for k in range(ptr[j], ptr[j + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x], lim)
+                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x], inv_floor, zero)
         a = slot_of[c, 0]
         b = slot_of[c, 1]
         for x in range(K):
-            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x], lim)
-            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x], lim)
+            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x], inv_floor, zero)
+            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x], inv_floor, zero)
     # 7. For all i: nu_i = backnorm(dL/dmu_i, mu_i)
     for i in range(n):
         backnorm(gmu_u[i], mu_u[i], nu)  # 7(a)
@@ -768,12 +788,12 @@ def _backward_start(lim, edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, g
         for k in range(ptr[i], ptr[i + 1]):  # 7(c): dL/dm_d(x_i) += rho_d nu_i / m_d(x_i)
             rk = rho_slot[k]
             for x in range(K):
-                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x], lim)
+                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x], inv_floor, zero)
 
 
 @njit(cache=True, nogil=True)
 def _reverse_iterations(
-    kt, lim, slots, fixed_point, tol, max_sweeps, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM,
+    kt, slots, fixed_point, tol, max_sweeps, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM,
     Madj, stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side,
 ):
     """Step 8, repeated. Truncated mode: one reverse sweep for each entry of
@@ -794,7 +814,7 @@ def _reverse_iterations(
     for j in range(sweeps):
         slot = 0 if fixed_point else slots[j]
         _reverse_sweep(
-            kt, lim, slot, not fixed_point, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
+            kt, slot, not fixed_point, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
             stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q,
         )
         n_sweeps += 1
@@ -866,7 +886,7 @@ def floored_message_entries(state):
     than about ``690 rho`` (float64; ``85 rho`` in float32), a message entry
     the floor replaced may have been needed, and the marginals can then be off
     (see "Numerical stability" above)."""
-    return int(np.count_nonzero(state.slot_messages <= _limits(state.slot_messages.dtype).floor))
+    return int(np.count_nonzero(state.slot_messages <= _limits(state.slot_messages.dtype)[0]))
 
 
 def _writable(array, dtype):
@@ -1064,7 +1084,6 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         interleave = K == 2
     ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot = _schedule(n, edges, rho, interleave)
     mode = _rho_mode(rho)
-    lim = _limits(dtype)
     kt = _label_token(K, specialise)
     eu = np.empty((n, K), dtype)
     tabs = np.empty((2 * E, K, K), dtype)
@@ -1093,7 +1112,7 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     mu_u = np.empty((n, K), dtype)
     mu_p = np.empty((E, K * K), dtype)
     it, converged, n_fallback = _trw_forward_kernel(
-        kt, lim, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
+        kt, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
         edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
         push_slot, snapshots, stack_pow, mu_u, mu_p,
     )
@@ -1163,7 +1182,6 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     n, K = state.unary.shape
     E = edges.shape[0]
     dtype = state.unary.dtype
-    lim = _limits(dtype)
     gmu_u = _writable(grad_unary_marginals, dtype).reshape(n, K)
     if grad_pairwise_marginals is None:
         gmu_p = np.zeros((0, K * K), dtype)  # step 6 is skipped
@@ -1194,13 +1212,13 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     g_u = np.zeros((n, K), dtype)
     g_p = np.zeros((E, K * K), dtype)
     Madj = np.zeros((2 * E, K))  # float64 in both precisions: see "Numerical stability"
-    _backward_start(lim, edges, state.ptr, state.slot_of, state.rho_slot, IM, state.unary_marginals,
+    _backward_start(edges, state.ptr, state.slot_of, state.rho_slot, IM, state.unary_marginals,
                     state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
     kt = state.label_token
 
     def reverse(slots, snapshots, snapshot_powers, sweeps=0):
         return _reverse_iterations(
-            kt, lim, slots, fixed_point, float(tol), int(sweeps), state.sched, state.tabs, state.rsum, state.eu,
+            kt, slots, fixed_point, float(tol), int(sweeps), state.sched, state.tabs, state.rsum, state.eu,
             state.rho_sched, state.rho_mode, state.rho_slot, M, MP, IM, Madj, snapshots, snapshot_powers, g_u, g_p,
             state.unary, state.pairwise, state.slot_edge, state.slot_side,
         )
@@ -1216,7 +1234,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             for k in range(len(starts) - 1, -1, -1):
                 length = int(ends[k] - starts[k])
                 _recompute_segment(
-                    kt, lim, k, length - 1, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
+                    kt, k, length - 1, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
                     state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
                     snapshots, powers,
                 )
