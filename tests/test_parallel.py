@@ -20,26 +20,29 @@ from sklearn_margcrf.estimator import _check_X, _check_y
 
 
 def _files(folder):
-    """(path, inode, modification time) of every file under ``folder``."""
+    """(path, inode, modification time, size) of every file under ``folder``."""
     out = []
     for root, _, names in os.walk(folder):
         for name in names:
             stat = os.stat(os.path.join(root, name))
-            out.append((os.path.join(root, name), stat.st_ino, stat.st_mtime_ns))
+            out.append((os.path.join(root, name), stat.st_ino, stat.st_mtime_ns, stat.st_size))
     return sorted(out)
 
 
 @pytest.mark.parametrize("backend", ["loky", "threading", "multiprocessing"])
 def test_batches_are_dumped_once_and_nothing_is_left_behind(backend, tmp_path, monkeypatch):
     monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tmp_path))
-    X, y = make_structured_data(n_samples=4, shape=(20, 20))
+    # batches of 2 images of 200 x 200 nodes: above joblib's 1 MB threshold,
+    # so that joblib would dump a copy of any array it were given by value
+    X, y = make_structured_data(n_samples=4, shape=(200, 200))
     seen = []
     with warnings.catch_warnings(), joblib.parallel_config(backend=backend):
         warnings.simplefilter("ignore", ConvergenceWarning)
         MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=lambda p: seen.append(_files(tmp_path))).fit(X, y)
     # two batch files, the same ones at every iteration: written once, and
-    # joblib memory-mapped nothing of its own (it would have dumped a copy)
+    # joblib memory-mapped nothing of its own (they went by reference)
     assert len(seen) > 2 and len(seen[0]) == 2
+    assert all(size > 2**20 for _, _, _, size in seen[0])
     assert all(files == seen[0] for files in seen)
     assert list(tmp_path.iterdir()) == []
 
