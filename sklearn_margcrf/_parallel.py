@@ -37,7 +37,16 @@ __all__ = ["Batch", "ImageBatches", "balanced_groups", "pack"]
 
 def balanced_groups(costs, n_groups):
     """Split image indices into at most ``n_groups`` groups of similar total cost
-    (longest processing time first); each group is returned in image order."""
+    (longest processing time first); each group is returned in image order.
+
+    One batch per worker rather than one joblib task per image: on a cluster
+    each worker then holds only its own images (the horses training set at
+    full resolution is 18 GB in float64, too much to copy to every worker),
+    and there is one task per worker and iteration. On one machine the two
+    cost the same: 16 images of 60x80, TRW 20 iterations, 2 loky workers,
+    0.86 s per evaluation either way within the noise of a shared machine
+    (0.70-0.93 s with one task per image).
+    """
     n_groups = max(1, min(int(n_groups), len(costs)))
     loads = [0.0] * n_groups
     groups = [[] for _ in range(n_groups)]
@@ -77,7 +86,7 @@ def pack(samples, labels, indices):
     def stacked(parts, dtype=None):
         if dtype is None:  # empty parts (edgeless images) do not promote float32
             dtype = np.result_type(*([p for p in parts if p.size] or parts))
-        return np.concatenate(parts).astype(dtype, copy=False)
+        return np.concatenate(parts, dtype=dtype)
 
     def pointers(counts):
         ptr = np.zeros(len(counts) + 1, dtype=np.int64)

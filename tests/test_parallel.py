@@ -15,7 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
-from sklearn_margcrf._parallel import ImageBatches
+from sklearn_margcrf._parallel import ImageBatches, pack
 from sklearn_margcrf.estimator import _check_X, _check_y
 
 
@@ -106,3 +106,14 @@ def test_diagnostics_come_back_as_counts_without_warnings():
             _, _, diagnostics, _ = objective.loss_gradient(w, batches, n_labelled=1, reg=0.0)
     assert diagnostics.not_converged == 3
     assert diagnostics.floored == diagnostics.fallback == 0
+
+
+def test_packing_keeps_float32_beside_an_edgeless_image():
+    X, _ = make_structured_data(n_samples=2)
+    X32 = [(s.node_features.astype(np.float32), s.edges, s.edge_features.astype(np.float32)) for s in X]
+    X32.append((X32[0][0], np.zeros((0, 2), np.int64), None))  # its edge features: a float64 (0, 2) placeholder
+    samples, _, _ = _check_X(X32)
+    batch = pack(samples, None, [0, 1, 2])
+    assert batch.node_features.dtype == batch.edge_features.dtype == np.float32
+    np.testing.assert_array_equal(batch.edge_features, np.concatenate([x[2] for x in X32[:2]]))
+    assert [nf.shape[0] for nf, _, _, labels in batch.images()] == [20, 20, 20]
