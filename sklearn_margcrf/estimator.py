@@ -483,6 +483,7 @@ class MarginalCRF(BaseEstimator):
                 return stages
             size *= 2
             iterations //= 2
+
     def _log(self, message):
         if self.verbose > 0:
             print(f"[MarginalCRF] {message}", flush=True)
@@ -535,8 +536,8 @@ class MarginalCRF(BaseEstimator):
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
         objective = self._objective(self.loss, self.inference, shape_f, shape_g)
-        start_independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
-        start_independent = not warm and self.init == "independent" and objective != start_independent
+        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
+        start_independent = not warm and self.init == "independent" and objective != independent
         start_surrogate = (
             not warm
             and self.init == "independent"
@@ -547,34 +548,32 @@ class MarginalCRF(BaseEstimator):
         info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
         with contextlib.ExitStack() as fit_scope:
-            every_image = None  # the batches of all images, packed once for the fit
+            every_image = []  # the batches of all images, packed at most once per fit
+
+            def batches_of(indices, scope):
+                if len(indices) < len(samples):
+                    return scope.enter_context(ImageBatches(
+                        [samples[k] for k in indices], [labels[k] for k in indices], self.n_jobs, self.verbose
+                    ))
+                if not every_image:
+                    every_image.append(fit_scope.enter_context(ImageBatches(samples, labels, self.n_jobs, self.verbose)))
+                return every_image[0]
+
             if start_independent:
-                every_image = fit_scope.enter_context(ImageBatches(samples, labels, self.n_jobs, self.verbose))
                 self._log("init: fitting the independent model (univariate logistic)")
                 (unary_coef, _), _ = self._fit_weights(
-                    self._objective("univariate_logistic", "independent", shape_f, shape_g), every_image,
-                    unary_coef, pairwise_coef, n_labelled, "independent", progress, int(self.max_iter),
+                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef, n_labelled,
+                    "independent", progress, int(self.max_iter),
                 )
             for stage, (indices, stage_max_iter) in enumerate(stages):
                 if progress.stopped:  # by the callback
                     break
-                last = stage == len(stages) - 1
-                stage_labels = [labels[k] for k in indices]
-                stage_labelled = int(sum(np.count_nonzero(lab >= 0) for lab in stage_labels))
+                stage_labelled = int(sum(np.count_nonzero(labels[k] >= 0) for k in indices))
                 if stage_labelled == 0:
                     continue
                 name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
                 with contextlib.ExitStack() as stage_scope:
-                    if len(indices) < len(samples):
-                        batches = stage_scope.enter_context(
-                            ImageBatches([samples[k] for k in indices], stage_labels, self.n_jobs, self.verbose)
-                        )
-                    else:
-                        if every_image is None:
-                            every_image = fit_scope.enter_context(
-                                ImageBatches(samples, labels, self.n_jobs, self.verbose)
-                            )
-                        batches = every_image
+                    batches = batches_of(indices, stage_scope)
                     if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
                         (unary_coef, pairwise_coef), _ = self._fit_weights(
@@ -587,7 +586,7 @@ class MarginalCRF(BaseEstimator):
                             break
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
                         objective, batches, unary_coef, pairwise_coef, stage_labelled, name, progress,
-                        stage_max_iter, last,
+                        stage_max_iter, warn=stage == len(stages) - 1,
                     )
                 for key in info:
                     info[key] += stage_info[key]
