@@ -6,6 +6,7 @@ diagnostics returned as counts."""
 import os
 import subprocess
 import sys
+import time
 import warnings
 
 import joblib
@@ -117,3 +118,43 @@ def test_packing_keeps_float32_beside_an_edgeless_image():
     assert batch.node_features.dtype == batch.edge_features.dtype == np.float32
     np.testing.assert_array_equal(batch.edge_features, np.concatenate([x[2] for x in X32[:2]]))
     assert [nf.shape[0] for nf, _, _, labels in batch.images()] == [20, 20, 20]
+
+
+_KILLED_FIT_SCRIPT = """
+import sys, time, warnings
+import joblib
+sys.path.insert(0, {tests!r})
+from estimator_checks import make_structured_data
+from sklearn_margcrf import MarginalCRF
+
+X, y = make_structured_data(n_samples=2, shape=(20, 20))
+warnings.simplefilter("ignore")
+
+
+def wait_to_be_killed(progress):
+    print("fitting", flush=True)
+    time.sleep(600)
+
+
+with joblib.parallel_config(backend="threading"):
+    MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=wait_to_be_killed).fit(X, y)
+"""
+
+
+def test_the_batches_of_a_killed_fit_are_removed(tmp_path):
+    # by joblib's resource tracker, which outlives the process it tracks
+    script = _KILLED_FIT_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JOBLIB_TEMP_FOLDER=str(tmp_path))
+    fit = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, env=env)
+    try:
+        assert fit.stdout.readline().strip() == "fitting"
+        assert len(_files(tmp_path)) == 2
+    finally:
+        fit.kill()
+        fit.wait()
+    for _ in range(100):
+        if not list(tmp_path.iterdir()):
+            break
+        time.sleep(0.1)
+    assert list(tmp_path.iterdir()) == []
