@@ -332,8 +332,9 @@ class _Diagnostics:
 
 @dataclass(frozen=True)
 class _Settings:
-    """The validated keyword arguments of :func:`loss_and_grad` (``rho`` as
-    given: a rule name is resolved per graph)."""
+    """The validated keyword arguments of :func:`loss_and_grad` (``n_iter``
+    None: inference to ``tol``; ``rho`` as given: a rule name is resolved per
+    graph)."""
 
     loss: str = "univariate_logistic"
     inference: str = "trw"
