@@ -21,6 +21,7 @@ Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
 """
 
+import errno
 import os
 from dataclasses import dataclass
 
@@ -33,6 +34,9 @@ from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
 __all__ = ["Batch", "ImageBatches", "balanced_groups", "pack"]
+
+#: errors of a file system without room: full, a file size limit, a quota
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
 def balanced_groups(costs, n_groups):
@@ -157,6 +161,8 @@ class ImageBatches:
             except OSError as exc:
                 if os.path.exists(path):
                     os.unlink(path)
+                if exc.errno not in _NO_ROOM:
+                    raise
                 raise OSError(
                     exc.errno,
                     f"no room for the image batches in {self.folder} ({exc.strerror}); free some space or set "
