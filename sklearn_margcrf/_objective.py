@@ -19,7 +19,7 @@ zero iterations of TRW give ``softmax(theta_i)``, and ``G`` is not a weight.
 """
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,23 +37,25 @@ class CRFObjective:
     ----------
     settings : gradients._Settings
         The per-image loss and how its gradient (or, for prediction, the
-        marginals) are computed.
+        marginals) are computed. ``inference="independent"`` is the
+        independent model: every image's edges are dropped, zero iterations
+        of TRW give ``softmax(theta_i)``, and the weight vector holds ``F``
+        only (``settings`` then holds those inference settings).
     shape_f, shape_g : tuple
         Shapes of ``F`` (K, Fu) and ``G`` (K, K, Fe).
-    independent : bool
-        The independent model (:meth:`independent_settings`): images' edges
-        are dropped and the weight vector holds ``F`` only.
     """
 
     settings: _Settings
     shape_f: tuple
     shape_g: tuple
-    independent: bool = False
+    independent: bool = field(init=False)
 
-    @staticmethod
-    def independent_settings(settings):
-        """``settings`` for the independent model: no edges, zero iterations."""
-        return replace(settings, inference="trw", gradient_mode="truncated", n_iter=0, rho=None)
+    def __post_init__(self):
+        independent = self.settings.inference == "independent"
+        object.__setattr__(self, "independent", independent)
+        if independent:
+            settings = replace(self.settings, inference="trw", gradient_mode="truncated", n_iter=0, rho=None)
+            object.__setattr__(self, "settings", settings)
 
     # -- weights ---------------------------------------------------------------
 

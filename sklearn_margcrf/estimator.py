@@ -459,8 +459,6 @@ class MarginalCRF(BaseEstimator):
             max_iter=int(self.inference_max_iter), rho=self.rho if inference == "trw" else None,
             alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
         )
-        if inference == "independent":
-            return CRFObjective(CRFObjective.independent_settings(settings), shape_f, shape_g, independent=True)
         return CRFObjective(settings, shape_f, shape_g)
 
     def _stages(self, n_samples):
