@@ -90,12 +90,11 @@ def float_list(text):
 def blas_single_thread():
     """One BLAS thread in this process.
 
-    MarginalCRF limits BLAS itself only in its per-image map; the independent
-    model (the ``init`` and the "independent" rows: logistic regression on the
-    stacked pixels, products with K = n_states rows), the features, the
-    upsampling of marginals and direct ``infer``/``loss_and_grad`` calls run
-    here without that limit, and idle OpenBLAS threads make such thin products
-    3-1000x slower on a busy 2-core machine. joblib's workers limit themselves.
+    MarginalCRF limits BLAS itself only in L-BFGS (its per-image products are
+    numba loops); the features, the upsampling of marginals and direct
+    ``infer``/``loss_and_grad`` calls run here without a limit, and idle
+    OpenBLAS threads make thin products 3-1000x slower on a busy 2-core
+    machine. joblib's workers limit themselves.
     """
     from threadpoolctl import threadpool_limits
 

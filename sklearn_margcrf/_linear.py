@@ -7,19 +7,12 @@ are memory-bound, and the loops read float32 features directly (promoting
 each value to float64 in registers) where BLAS would need a float64 copy of
 the whole feature matrix first; they are also faster than single-threaded
 BLAS for float64 features.
-
-The independent model's logistic loss fuses both products with the loss
-(:func:`logistic_loss_and_gradient`), so that its many evaluations over all
-the labelled pixels of a data set read the features once and allocate no
-per-pixel arrays.
 """
-
-import math
 
 import numba
 import numpy as np
 
-__all__ = ["feature_scores", "weight_gradient", "logistic_loss_and_gradient"]
+__all__ = ["feature_scores", "weight_gradient"]
 
 
 # The per-row steps the products share. Inlined at numba's IR level, so each
@@ -68,44 +61,3 @@ def weight_gradient(score_grad, features):
             if g != 0.0:
                 _add_scaled_row(out, k, g, features, i)
     return out
-
-
-#: rows whose losses are summed before they join the total (keeps the rounding
-#: error of the sum near that of a pairwise sum over millions of rows)
-_LOSS_BLOCK = 4096
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def logistic_loss_and_gradient(features, targets, coef):
-    """Multinomial logistic loss ``sum_i log sum_k exp(s_ik) - s_i,y_i`` of the
-    scores ``s = features @ coef.T`` and its gradient with respect to ``coef``
-    ((M, D), float64), in one pass over the (n, D) features: the independent
-    model's univariate logistic loss. Fusing :func:`feature_scores`, the loss
-    and :func:`weight_gradient` reads the features once and allocates no
-    (n, M) arrays, whose first touch is a large part of the cost on machines
-    where fresh memory is slow to fault in."""
-    n, d = features.shape
-    m = coef.shape[0]
-    grad = np.zeros((m, d))
-    scores = np.empty(m)
-    total = 0.0
-    block = 0.0
-    for i in range(n):
-        for k in range(m):
-            scores[k] = _row_dot(coef, k, features, i)
-        top = scores[0]
-        for k in range(1, m):
-            top = max(top, scores[k])
-        norm = 0.0
-        for k in range(m):
-            norm += math.exp(scores[k] - top)
-        log_z = top + math.log(norm)
-        y = targets[i]
-        block += log_z - scores[y]
-        if (i + 1) % _LOSS_BLOCK == 0:
-            total += block
-            block = 0.0
-        for k in range(m):
-            g = math.exp(scores[k] - log_z) - (1.0 if k == y else 0.0)
-            _add_scaled_row(grad, k, g, features, i)
-    return total + block, grad

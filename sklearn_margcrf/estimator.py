@@ -1,69 +1,49 @@
 """MarginalCRF: the scikit-learn estimator (Domke 2013, Sec. "Experiments").
 
-A thin layer over the functional core :func:`sklearn_margcrf.loss_and_grad`:
-
-* **parametrisation** (paper, Sec. "Setup" of the experiments): the unary and
-  pairwise parameters of image ``y`` are linear in its features,
-
-      theta_i  = F u(y, i)       F : (K, Fu)
-      theta_ij = G v(y, i, j)    G : (K, K, Fe)
-
-  and the chain rule gives ``dL/dF = sum_i dL/dtheta_i u_i^T`` and
-  ``dL/dG = sum_ij dL/dtheta_ij v_ij^T``;
-* **objective** (Sec. "Learning" and the Stanford experiment): the empirical
-  risk measured per labelled node plus a ridge penalty,
-
-      R(F, G) = (sum over images of L) / (number of labelled nodes)
-                + reg * (||F||^2 + ||G||^2),
-
-  minimised with L-BFGS (scipy), re-initialised when the line search meets a
-  bad search direction, as the paper does;
-* **a parallel map over images** (joblib): images are packed into one batch per
-  worker, the batches are sent once per fit (memory-mapped files for process
-  backends, scattered data for the Dask backend) and only the weights travel at
-  each L-BFGS iteration. Per-image results are summed in image order, so the
-  result does not depend on ``n_jobs`` or on the backend.
+A thin layer: validation of structured X and y, the objective
+(:mod:`._objective`: theta = F u, G v, the per-image loss of
+:mod:`.gradients`, the chain rule, the ridge penalty) minimised with L-BFGS
+(scipy), re-initialised when the line search meets a bad search direction,
+as the paper does, and a parallel map over images (:mod:`._parallel`: the
+images are packed into batches and handed to joblib once per fit; only the
+weights travel at each L-BFGS iteration, and per-image results are summed in
+image order, so the weights do not depend on ``n_jobs`` or on the backend).
+What the per-image computations could not do as asked (inference that did
+not converge, messages at their floor, back-propagation fallbacks) comes back
+as counts, reported in one warning per kind per fit.
 """
 
-import ctypes
-import errno
-import functools
-import os
-import re
-import shutil
-import sys
-import tempfile
-import threading
+import contextlib
 import time
-import warnings
+from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 import numpy as np
 import scipy.optimize
-from joblib import Parallel, delayed, effective_n_jobs
-from joblib.parallel import get_active_backend
-from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, _fit_context
-from threadpoolctl import threadpool_limits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import Bunch, ClassifierTags
 from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.validation import check_is_fitted, check_random_state
+from threadpoolctl import threadpool_limits
 
 from ._graph import _as_float_array, _as_labels, validate_edges
-from ._linear import feature_scores, logistic_loss_and_gradient, weight_gradient
+from ._objective import CRFObjective
+from ._parallel import ImageBatches
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
+from .exceptions import BackpropFallbackWarning
 from .gradients import (
     GRADIENT_MODES,
     INFERENCE_FREE_LOSSES,
     INFERENCE_METHODS,
     LOSSES,
     MIN_MULTIPLIER,
+    _Diagnostics,
+    _Settings,
     check_combination,
-    loss_and_grad,
 )
-from .inference import MIN_RHO, infer
+from .inference import MIN_RHO
 from .sample import as_sample, labels_to_grid, marginals_to_image
 
 __all__ = ["MarginalCRF"]
@@ -194,573 +174,21 @@ def _check_y(y, samples, n_states=None):
 
 
 # ---------------------------------------------------------------------------
-# Batches of images, packed for the workers
-# ---------------------------------------------------------------------------
-
-
-def _balanced_chunks(costs, n_chunks):
-    """Split image indices into at most ``n_chunks`` groups of similar total cost
-    (longest processing time first); each group is returned in image order."""
-    n_chunks = max(1, min(int(n_chunks), len(costs)))
-    loads = [0.0] * n_chunks
-    groups = [[] for _ in range(n_chunks)]
-    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        target = min(range(n_chunks), key=lambda c: (loads[c], c))
-        loads[target] += costs[index]
-        groups[target].append(index)
-    return [sorted(g) for g in groups if g]
-
-
-def _pack(samples, labels, indices, allocate=None):
-    """Concatenate the images ``indices`` into one dict of arrays.
-
-    ``allocate(key, shape, dtype)`` returns the array each field is written
-    into (default: a new in-memory array), so that a batch can be written
-    straight into shared memory without an intermediate copy.
-    """
-    if allocate is None:
-        allocate = _allocate_in_memory
-    node_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
-    edge_ptr = np.zeros(len(indices) + 1, dtype=np.int64)
-    node_ptr[1:] = np.cumsum([samples[i].n_nodes for i in indices])
-    edge_ptr[1:] = np.cumsum([samples[i].n_edges for i in indices])
-
-    def stacked(key, parts, dtype=None):
-        if dtype is None:  # empty parts (edgeless images) do not promote float32
-            dtype = np.result_type(*([p for p in parts if p.size] or parts))
-        out = allocate(key, (sum(p.shape[0] for p in parts),) + parts[0].shape[1:], dtype)
-        np.concatenate(parts, out=out)
-        return out
-
-    return {
-        "index": np.asarray(indices, dtype=np.int64),
-        "node_ptr": node_ptr,
-        "edge_ptr": edge_ptr,
-        "node_features": stacked("node_features", [samples[i].node_features for i in indices]),
-        "edges": stacked("edges", [samples[i].edges.reshape(-1, 2) for i in indices], np.int64),
-        "edge_features": stacked("edge_features", [samples[i].edge_features for i in indices]),
-        "labels": stacked("labels", [labels[i] for i in indices], np.int64) if labels is not None else None,
-    }
-
-
-def _allocate_in_memory(key, shape, dtype):
-    return np.empty(shape, dtype=dtype)
-
-
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_MAX = 32 * 2**20  # the largest glibc accepts on 64-bit systems
-_TRIM_THRESHOLD = 2**30
-_allocator_tuned = False
-
-
-def _keep_freed_memory():
-    """Let glibc keep freed blocks of up to 32 MiB for reuse in this process
-    (and up to 1 GiB of free memory in all), once per process.
-
-    Every image's gradient allocates and frees tens of MB of scratch arrays
-    (the stack of truncated inference above all). By default glibc returns
-    most of them to the system, and the next image faults them in again page
-    by page: 7,000-10,000 page faults and an eighth of the CPU time of a
-    20-iteration mean-field gradient of a 232 x 315 image went to that.
-    Called only in loky and multiprocessing workers, which run these batches;
-    the user's own process and Dask's workers (which manage their memory
-    themselves) are left alone. Does nothing without glibc.
-    """
-    global _allocator_tuned
-    if _allocator_tuned:
-        return
-    _allocator_tuned = True
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    # setting the mmap threshold switches off glibc's adaptive thresholds,
-    # so the trim threshold is set only when the mmap threshold was taken
-    if mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX):
-        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
-
-
-def _in_batch_worker(func, *args):
-    """Run ``func(*args)`` in a loky or multiprocessing worker."""
-    _keep_freed_memory()
-    return func(*args)
-
-
-def _chunk_images(chunk):
-    """Yield (node_features, edges, edge_features, labels) views of each image."""
-    node_ptr, edge_ptr = chunk["node_ptr"], chunk["edge_ptr"]
-    for b in range(len(chunk["index"])):
-        n0, n1 = node_ptr[b], node_ptr[b + 1]
-        e0, e1 = edge_ptr[b], edge_ptr[b + 1]
-        labels = chunk["labels"][n0:n1] if chunk["labels"] is not None else None
-        yield chunk["node_features"][n0:n1], chunk["edges"][e0:e1], chunk["edge_features"][e0:e1], labels
-
-
-def _theta(node_features, edge_features, unary_coef, pairwise_coef):
-    """theta_i = F u_i (n, K) and theta_ij = G v_ij (E, K, K)."""
-    n_states = unary_coef.shape[0]
-    unary = feature_scores(node_features, unary_coef)
-    pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
-    # The features were checked finite in fit / predict; what can still
-    # overflow is the product with the weights, and the user never passed a
-    # "unary", so say which it is.
-    if not (np.isfinite(unary.sum()) and np.isfinite(pairwise.sum())):
-        raise FloatingPointError(
-            "the potentials theta_i = F u_i or theta_ij = G v_ij of an image overflowed (non-finite values): "
-            "the features are too large for the weights; rescale the features (e.g. StandardScaler) or raise reg"
-        )
-    return unary, pairwise.reshape(-1, n_states, n_states)
-
-
-def _empty_model(n_states):
-    return np.zeros((0, 2), dtype=np.int64), np.zeros((0, n_states, n_states))
-
-
-#: A number in a warning message: messages that differ only in their
-#: figures (an image's iteration count, residual, ...) are one warning.
-_FIGURE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-_DEFAULT_SHOW = getattr(warnings, "_showwarning_orig", warnings.showwarning)
-_recording = {"lock": threading.Lock(), "depth": 0, "context": None, "show": None, "logs": {}}
-
-
-def _show_or_record(message, category, filename, lineno, file=None, line=None):
-    """``warnings.showwarning`` while any :class:`_RecordedWarnings` is open."""
-    log = _recording["logs"].get(threading.get_ident())
-    if log is not None:
-        log.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
-    else:
-        (_recording["show"] or _DEFAULT_SHOW)(message, category, filename, lineno, file, line)
-
-
-class _RecordedWarnings:
-    """Record the warnings raised in a block (in a worker or in-process).
-
-    ``summary()`` is ``{(category, template): (count, first message, varied)}``
-    with ``template`` the message's first line with its figures masked, and
-    ``varied`` whether the figures differed; it pickles back to the caller,
-    where :func:`_report_warnings` issues each template once.
-
-    Thread-safe: :class:`warnings.catch_warnings` changes process-wide state,
-    so blocks running at once in several threads (the threading backend,
-    Dask's threads) would restore each other's state, losing warnings and
-    leaving the process's warnings going to a dead list. Concurrent blocks
-    therefore share one ``catch_warnings``, entered by the first and left by
-    the last, and each thread's warnings go to its own block; warnings of
-    other threads meanwhile are shown as they would have been.
-    """
-
-    def __enter__(self):
-        self._records = []
-        ident = threading.get_ident()
-        with _recording["lock"]:
-            if _recording["depth"] == 0:
-                context = warnings.catch_warnings()
-                context.__enter__()
-                warnings.simplefilter("always")
-                _recording["context"], _recording["show"] = context, warnings.showwarning
-                warnings.showwarning = _show_or_record
-            _recording["depth"] += 1
-            self._outer = _recording["logs"].get(ident)  # a block nested in this thread
-            _recording["logs"][ident] = self._records
-        return self
-
-    def __exit__(self, *exc):
-        ident = threading.get_ident()
-        with _recording["lock"]:
-            if self._outer is None:
-                del _recording["logs"][ident]
-            else:
-                _recording["logs"][ident] = self._outer
-            _recording["depth"] -= 1
-            if _recording["depth"] == 0:
-                context, _recording["context"], _recording["show"] = _recording["context"], None, None
-                context.__exit__(None, None, None)
-        return False
-
-    def summary(self):
-        counts = {}
-        for record in self._records:
-            message = str(record.message).split("\n")[0]
-            _merge_warnings(counts, {(record.category, _FIGURE.sub("#", message)): (1, message, False)})
-        return counts
-
-
-def _merge_warnings(total, counts):
-    for key, (n, message, varied) in counts.items():
-        if key in total:
-            n_total, first, varied_total = total[key]
-            total[key] = (n_total + n, first, varied_total or varied or message != first)
-        else:
-            total[key] = (n, message, varied)
-
-
-def _report_warnings(counts, where):
-    """Issue each recorded warning once, with how often it occurred."""
-    for (category, _), (n, message, varied) in counts.items():
-        times = f" ({n} times{', figures of the first' if varied else ''})" if n > 1 else ""
-        warn_at_caller(f"{where}: {message}{times}", category)
-
-
-def _chunk_loss_grad(chunk, unary_coef, pairwise_coef, config):
-    """Loss and weight gradients of every image of a batch (worker side).
-
-    Returns ``(per_image, kernel_seconds, warnings)`` with ``per_image`` a list
-    of ``(value, dL/dF, dL/dG)`` in the batch's image order and the warnings
-    the batch raised, summarised (:class:`_RecordedWarnings`), so that the
-    caller reports them whatever the joblib backend.
-    """
-    independent = config["inference"] == "independent"
-    kwargs = {k: config[k] for k in ("loss", "n_iter", "tol", "max_iter", "alpha", "sides", "multiplier")}
-    if independent:
-        # No pairwise terms: any iterative method is exact; one iteration
-        # from uniform messages gives softmax(theta).
-        kwargs.update(inference="trw", gradient_mode="truncated", n_iter=1, rho=None)
-    else:
-        kwargs.update(inference=config["inference"], gradient_mode=config["gradient_mode"], rho=config["rho"])
-    out = []
-    kernel = 0.0
-    with _RecordedWarnings() as recorded:
-        for node_features, edges, edge_features, labels in _chunk_images(chunk):
-            out.append(_image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pairwise_coef,
-                                        independent, kwargs))
-            kernel += out[-1][3]
-    return [item[:3] for item in out], kernel, recorded.summary()
-
-
-def _image_loss_grad(node_features, edges, edge_features, labels, unary_coef, pairwise_coef, independent, kwargs):
-    """(loss, dL/dF, dL/dG, kernel seconds) of one image."""
-    n_states = unary_coef.shape[0]
-    unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
-    if independent:
-        edges, pairwise = _empty_model(n_states)
-    elif not edges.flags.writeable:
-        # Memory-mapped batch: the kernels accept read-only arrays, but numba
-        # compiles them as a separate signature; a copy of the (small) edge
-        # list keeps one compiled version per kernel.
-        edges = np.array(edges)
-    start = time.perf_counter()
-    value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, **kwargs)
-    kernel = time.perf_counter() - start
-    grad_f = weight_gradient(grad_unary, node_features)
-    if independent:
-        grad_g = np.zeros_like(pairwise_coef)
-    else:
-        grad_g = weight_gradient(grad_pairwise.reshape(-1, n_states * n_states), edge_features).reshape(pairwise_coef.shape)
-    return float(value), grad_f, grad_g, kernel
-
-
-def _chunk_marginals(chunk, unary_coef, pairwise_coef, config):
-    """Unary marginals (n, K) of every image of a batch (worker side), the
-    number not converged and the warnings raised (:class:`_RecordedWarnings`)."""
-    out = []
-    not_converged = 0
-    with _RecordedWarnings() as recorded:
-        for node_features, edges, edge_features, _ in _chunk_images(chunk):
-            unary, pairwise = _theta(node_features, edge_features, unary_coef, pairwise_coef)
-            if config["inference"] == "independent" or edges.shape[0] == 0:
-                mu = np.exp(unary - logsumexp(unary, axis=1, keepdims=True))
-            else:
-                if not edges.flags.writeable:
-                    edges = np.array(edges)
-                result = infer(
-                    edges, unary, pairwise, method=config["inference"], n_iter=config["n_iter"],
-                    tol=config["tol"], max_iter=config["max_iter"], rho=config["rho"],
-                )
-                mu = result.unary
-                not_converged += config["n_iter"] is None and not result.converged
-            out.append(mu)
-    return out, not_converged, recorded.summary()
-
-
-_FOLDER_PREFIX = "margcrf_"
-
-
-def _shared_memory_dir():
-    folder = "/dev/shm"
-    if os.path.isdir(folder) and os.access(folder, os.W_OK):
-        return folder
-    return None
-
-
-def _free_bytes(folder):
-    try:
-        stats = os.statvfs(folder)
-    except (OSError, AttributeError):
-        return None
-    return stats.f_bavail * stats.f_frsize
-
-
-def _reserve(path):
-    """Allocate the blocks of a freshly created (sparse) file now, so that a
-    full file system (a small /dev/shm, Docker's is 64 MB) raises OSError here
-    instead of killing the process with SIGBUS when its pages are written."""
-    if not hasattr(os, "posix_fallocate"):
-        return
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-    except OSError as exc:
-        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
-            raise OSError(exc.errno, f"no room for the image batches in {os.path.dirname(path)}: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-_LOCK_NAME = "in_use.lock"
-
-
-def _hold_folder(folder):
-    """Mark a batch folder as in use for as long as this process lives: an
-    exclusive ``flock`` on a file in it, which the kernel releases when the
-    process dies. Unlike the process id in the folder's name, the lock is
-    seen by processes in other PID namespaces sharing /dev/shm (containers
-    run with ``--ipc=host`` or ``-v /dev/shm:/dev/shm``, the containers of a
-    Kubernetes pod), to which this process does not exist. Returns the file
-    descriptor to close on exit (None without ``fcntl``)."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(os.path.join(folder, _LOCK_NAME), os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _new_batch_folder(parent):
-    """A new folder ``margcrf_<pid>_<random>`` in ``parent`` (None: the
-    temporary folder) and its lock (:func:`_hold_folder`). The folder is made
-    under a name that orphan cleanup skips (a leading dot), locked, and only
-    then renamed: a cleanup in another PID namespace, to which this process
-    looks dead, never sees it unlocked."""
-    staging = tempfile.mkdtemp(prefix=f".{_FOLDER_PREFIX}{os.getpid()}_", dir=parent)
-    lock = None
-    try:
-        lock = _hold_folder(staging)
-        folder = os.path.join(os.path.dirname(staging), os.path.basename(staging)[1:])
-        os.rename(staging, folder)
-    except BaseException:
-        # nothing else would remove a hidden staging folder
-        if lock is not None:
-            os.close(lock)
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return folder, lock
-
-
-def _folder_in_use(path):
-    """Whether a live process, possibly one this process cannot see, holds the
-    folder's lock (:func:`_hold_folder`)."""
-    try:
-        import fcntl
-    except ImportError:
-        return False
-    try:
-        fd = os.open(os.path.join(path, _LOCK_NAME), os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return False  # no lock: the process id in the name decides
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-def _remove_orphaned_folders(parent):
-    """Remove the batch folders of processes that no longer exist.
-
-    A fit killed without cleanup (SIGKILL, out of memory, a closed session)
-    leaves its batches in shared memory, where they hold RAM until reboot;
-    the next fit on the machine could then run out of memory itself. Folders
-    are named ``margcrf_<pid>_...`` so that orphans can be recognised. Only
-    called for /dev/shm, which is local to the machine (a temporary folder
-    on disk may be shared by several machines, whose process ids mean
-    nothing here; a leak there costs disk, not memory).
-    """
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        fields = name.split("_")
-        if not name.startswith(_FOLDER_PREFIX) or len(fields) < 3 or not fields[1].isdigit():
-            continue
-        path = os.path.join(parent, name)
-        if not _process_alive(int(fields[1])) and not _folder_in_use(path):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-class _ParallelMap:
-    """Apply a function to fixed batches of images many times (once per
-    L-BFGS iteration), sending the batches once.
-
-    ``groups`` lists the image indices of each batch (see
-    :func:`_balanced_chunks`); the batches are packed on entering:
-
-    * one batch: run in-process, no joblib machinery;
-    * process backends (loky, multiprocessing): each batch is written straight
-      into memory-mapped files (in /dev/shm when available, no in-memory copy
-      first); joblib then passes them to the workers by reference (file name
-      and offset) instead of pickling them;
-    * Dask backend: the batches are scattered to the cluster once and the
-      tasks refer to them by future;
-    * the ``Parallel`` instance stays open across calls, so loky reuses its
-      workers; it is joblib's, not scikit-learn's, whose tasks each enter
-      :class:`warnings.catch_warnings`, which is not thread-safe and would undo
-      :class:`_RecordedWarnings` in the threads of the threading backend
-      (the workers read no scikit-learn configuration, and report their
-      warnings to the caller, whose filters then apply);
-    * loky and multiprocessing workers keep the memory they free
-      (:func:`_keep_freed_memory`).
-
-    Use as a context manager; it removes its files on exit (and, on entry,
-    those left behind by killed processes).
-    """
-
-    def __init__(self, samples, labels, groups, n_jobs, verbose=0):
-        self.samples, self.labels = samples, labels
-        self.indices = [list(group) for group in groups]
-        self.n_images = sum(len(index) for index in self.indices)
-        self.n_jobs = n_jobs
-        self.verbose = verbose
-        self.chunks = None
-        self._folder = None
-        self._parallel = None
-        self._futures = None
-        self._process_workers = False
-        self._lock = None
-
-    def __enter__(self):
-        try:
-            self.chunks = self._pack_batches()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        finally:
-            self.samples = self.labels = None
-        return self
-
-    def _pack_batches(self):
-        if len(self.indices) == 1:
-            return [_pack(self.samples, self.labels, self.indices[0])]
-        backend, _ = get_active_backend()
-        backend_name = type(backend).__name__
-        self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
-        self._parallel.__enter__()
-        if backend_name in ("LokyBackend", "MultiprocessingBackend"):
-            self._process_workers = True
-            parent = _shared_memory_dir()
-            if parent is not None:
-                _remove_orphaned_folders(parent)
-                free, needed = _free_bytes(parent), self._batch_bytes()
-                if free is not None and free < needed:
-                    if self.verbose > 0:
-                        print(f"[MarginalCRF] {parent} has {free / 2**20:.0f} MB free, the image batches need "
-                              f"{needed / 2**20:.0f} MB: they go to {tempfile.gettempdir()} instead", flush=True)
-                    parent = None  # too small for the batches: a temporary folder on disk
-            self._folder, self._lock = _new_batch_folder(parent)
-            return [self._pack_to_files(group, c) for c, group in enumerate(self.indices)]
-        chunks = [_pack(self.samples, self.labels, group) for group in self.indices]
-        if backend_name == "DaskDistributedBackend":
-            self._futures = backend.client.scatter(chunks, hash=False)
-        return chunks
-
-    def _batch_bytes(self):
-        """Bytes of all the batches, from the samples' own dtypes (a batch
-        mixing float32 and float64 features is stored in float64, a little
-        more; :func:`_reserve` catches what this misses)."""
-        total = 0
-        for group in self.indices:
-            for i in group:
-                sample = self.samples[i]
-                total += sample.node_features.nbytes + 16 * sample.n_edges + sample.edge_features.nbytes
-                if self.labels is not None:
-                    total += self.labels[i].nbytes
-        return total
-
-    def _pack_to_files(self, group, c):
-        def allocate(key, shape, dtype):
-            if int(np.prod(shape)) * np.dtype(dtype).itemsize < 4096:  # not worth a file
-                return _allocate_in_memory(key, shape, dtype)
-            path = os.path.join(self._folder, f"chunk{c}_{key}.npy")
-            array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
-            _reserve(path)
-            return array
-
-        chunk = _pack(self.samples, self.labels, group, allocate)
-        for key, array in chunk.items():
-            if isinstance(array, np.memmap):
-                array.flush()
-                # read-only from here on: the workers share the pages
-                chunk[key] = np.load(array.filename, mmap_mode="r")
-        return chunk
-
-    def __call__(self, func, *args):
-        if self._parallel is None:
-            # The per-image products are small and the kernels single-threaded:
-            # BLAS threads only oversubscribe the cores here (joblib's workers
-            # get the same limit from joblib itself).
-            with threadpool_limits(limits=1, user_api="blas"):
-                return [func(chunk, *args) for chunk in self.chunks]
-        data = self._futures if self._futures is not None else self.chunks
-        if self._process_workers:
-            return self._parallel(delayed(_in_batch_worker)(func, chunk, *args) for chunk in data)
-        return self._parallel(delayed(func)(chunk, *args) for chunk in data)
-
-    def __exit__(self, *exc):
-        if self._parallel is not None:
-            self._parallel.__exit__(*exc)
-            self._parallel = None
-        if self._futures is not None:
-            for future in self._futures:
-                future.release()
-            self._futures = None
-        self.chunks = None
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
-        return False
-
-
-# ---------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------
 
 
-def _unpack_weights(w, shape_f, shape_g):
-    """Copies (F, G) of a weight vector; ``G`` is zero when the vector holds
-    ``F`` only (the independent model)."""
-    size_f = int(np.prod(shape_f))
-    F = w[:size_f].reshape(shape_f).copy()
-    G = w[size_f:].reshape(shape_g).copy() if w.size > size_f else np.zeros(shape_g)
-    return F, G
+@dataclass
+class _FitProgress:
+    """What a fit accumulates over its L-BFGS iterations: when it started,
+    the seconds in the per-image losses, their diagnostics and how many
+    per-image computations they cover, and whether the callback stopped it."""
+
+    start: float
+    kernel_time: float = 0.0
+    diagnostics: _Diagnostics = field(default_factory=_Diagnostics)
+    n_images: int = 0
+    stopped: bool = False
 
 
 class _StopFit(Exception):
@@ -1020,31 +448,18 @@ class MarginalCRF(BaseEstimator):
                 f"gradient_mode={self.gradient_mode!r}: {exc}"
             ) from None
 
-    def _config(self, loss, inference, n_states):
-        return {
-            "loss": loss,
-            "inference": inference,
-            "gradient_mode": self.gradient_mode,
-            "n_iter": int(self.n_iter),
-            "tol": float(self.tol),
-            "max_iter": int(self.inference_max_iter),
-            "rho": self.rho if inference == "trw" else None,
-            "alpha": float(self.alpha),
-            "sides": int(self.sides),
-            "multiplier": float(self.multiplier),
-            "n_states": n_states,
-        }
-
-    def _predict_config(self):
-        inference = self.inference
-        truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES
-        return {
-            "inference": inference,
-            "n_iter": int(self.n_iter) if truncated and inference != "exact" else None,
-            "tol": float(self.tol),
-            "max_iter": int(self.inference_max_iter),
-            "rho": self.rho if inference == "trw" else None,
-        }
+    def _objective(self, loss, inference, shape_f, shape_g, prediction=False):
+        """The :class:`CRFObjective` of ``loss`` under ``inference``; for
+        prediction, inference runs ``n_iter`` iterations after truncated
+        fitting and to ``tol`` otherwise."""
+        truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES and inference != "exact"
+        n_iter = None if prediction and not truncated else int(self.n_iter)
+        settings = _Settings(
+            loss=loss, inference=inference, gradient_mode=self.gradient_mode, n_iter=n_iter, tol=float(self.tol),
+            max_iter=int(self.inference_max_iter), rho=self.rho if inference == "trw" else None,
+            alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
+        )
+        return CRFObjective(settings, shape_f, shape_g)
 
     def _stages(self, n_samples):
         """(image indices, L-BFGS iterations) of each stage of the fit.
@@ -1067,9 +482,6 @@ class MarginalCRF(BaseEstimator):
             size *= 2
             iterations //= 2
 
-    def _n_chunks(self, n_samples):
-        return max(1, min(int(effective_n_jobs(self.n_jobs)), n_samples))
-
     def _log(self, message):
         if self.verbose > 0:
             print(f"[MarginalCRF] {message}", flush=True)
@@ -1091,7 +503,7 @@ class MarginalCRF(BaseEstimator):
         -------
         self
         """
-        start = time.perf_counter()
+        progress = _FitProgress(start=time.perf_counter())
         self._check_combination(self.loss, self.inference)
         check_random_state(self.random_state)
         samples, n_node_features, n_edge_features = _check_X(X)
@@ -1115,26 +527,16 @@ class MarginalCRF(BaseEstimator):
                 f"starting from init={self.init!r}",
                 UserWarning,
             )
-
-        stats = {"start": start, "kernel_time": 0.0, "warnings": {}, "stopped": False}
         if warm:
             unary_coef = self.unary_coef_.copy()
             pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
         else:
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
-        fast_path = self.inference == "independent" and self.loss == "univariate_logistic"
-        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
-        if not warm and self.init == "independent" and not fast_path:
-            self._log("init: fitting the independent model (univariate logistic)")
-            data = _LogisticData(samples, labels)
-            w, _ = self._minimize(
-                lambda w: data.loss_grad(w, shape_f, self.reg),
-                unary_coef.ravel(), unpack, "independent", stats, int(self.max_iter),
-            )
-            unary_coef, _ = unpack(w)
-            del data  # its stacked copy of the node features is no longer needed
-        surrogate_start = (
+        objective = self._objective(self.loss, self.inference, shape_f, shape_g)
+        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
+        start_independent = not warm and self.init == "independent" and objective != independent
+        start_surrogate = (
             not warm
             and self.init == "independent"
             and self.loss == "smooth_classification"
@@ -1143,45 +545,49 @@ class MarginalCRF(BaseEstimator):
 
         info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
-        for stage, (indices, stage_max_iter) in enumerate(stages):
-            if stats["stopped"]:  # by the callback
-                break
-            last = stage == len(stages) - 1
-            stage_samples = [samples[k] for k in indices]
-            stage_labels = [labels[k] for k in indices]
-            stage_labelled = int(sum(np.count_nonzero(lab >= 0) for lab in stage_labels))
-            if stage_labelled == 0:
-                continue
-            name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
-            if fast_path:
-                data = _LogisticData(stage_samples, stage_labels)
-                w, stage_info = self._minimize(
-                    lambda w: data.loss_grad(w, shape_f, self.reg),
-                    unary_coef.ravel(), unpack, name, stats, stage_max_iter, last,
+        with contextlib.ExitStack() as fit_scope:
+            every_image = []  # the batches of all images, packed at most once per fit
+
+            def batches_of(indices, scope):
+                if len(indices) < len(samples):
+                    return scope.enter_context(ImageBatches(
+                        [samples[k] for k in indices], [labels[k] for k in indices], self.n_jobs, self.verbose
+                    ))
+                if not every_image:
+                    every_image.append(fit_scope.enter_context(ImageBatches(samples, labels, self.n_jobs, self.verbose)))
+                return every_image[0]
+
+            if start_independent:
+                self._log("init: fitting the independent model (univariate logistic)")
+                (unary_coef, _), _ = self._fit_weights(
+                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef, n_labelled,
+                    "independent", progress, int(self.max_iter),
                 )
-                unary_coef, _ = unpack(w)
-            else:
-                costs = [s.n_nodes + s.n_edges for s in stage_samples]
-                groups = _balanced_chunks(costs, self._n_chunks(len(stage_samples)))
-                with _ParallelMap(stage_samples, stage_labels, groups, self.n_jobs, self.verbose) as pmap:
-                    if surrogate_start:
+            for stage, (indices, stage_max_iter) in enumerate(stages):
+                if progress.stopped:  # by the callback
+                    break
+                stage_labelled = int(sum(np.count_nonzero(labels[k] >= 0) for k in indices))
+                if stage_labelled == 0:
+                    continue
+                name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
+                with contextlib.ExitStack() as stage_scope:
+                    batches = batches_of(indices, stage_scope)
+                    if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
-                        config = self._config("surrogate_likelihood", self.inference, n_states)
                         (unary_coef, pairwise_coef), _ = self._fit_weights(
-                            pmap, config, unary_coef, pairwise_coef, stage_labelled,
-                            "surrogate_likelihood", stats, stage_max_iter,
+                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,
+                            unary_coef, pairwise_coef, stage_labelled, "surrogate_likelihood", progress,
+                            stage_max_iter,
                         )
-                        surrogate_start = False
-                        if stats["stopped"]:
+                        start_surrogate = False
+                        if progress.stopped:
                             break
-                    config = self._config(self.loss, self.inference, n_states)
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
-                        pmap, config, unary_coef, pairwise_coef, stage_labelled, name, stats, stage_max_iter, last
+                        objective, batches, unary_coef, pairwise_coef, stage_labelled, name, progress,
+                        stage_max_iter, warn=stage == len(stages) - 1,
                     )
-            info["n_iter"] += stage_info["n_iter"]
-            info["n_restarts"] += stage_info["n_restarts"]
-            info["loss_curve"] += stage_info["loss_curve"]
-            info["time_curve"] += stage_info["time_curve"]
+                for key in info:
+                    info[key] += stage_info[key]
 
         self.unary_coef_ = unary_coef
         self.pairwise_coef_ = pairwise_coef
@@ -1193,45 +599,65 @@ class MarginalCRF(BaseEstimator):
         self.n_restarts_ = info["n_restarts"]
         self.loss_curve_ = info["loss_curve"]
         self.time_curve_ = info["time_curve"]
-        self.kernel_time_ = stats["kernel_time"]
-        _report_warnings(stats["warnings"], "during fit, in per-image loss_and_grad calls")
-        self.fit_time_ = time.perf_counter() - start
+        self.kernel_time_ = progress.kernel_time
+        self._warn_diagnostics(progress.diagnostics, progress.n_images, "per-image gradient computations", "fit")
+        self.fit_time_ = time.perf_counter() - progress.start
         return self
 
-    def _fit_weights(self, pmap, config, unary_coef, pairwise_coef, n_labelled, stage, stats, max_iter, warn=True):
-        """Minimise the objective of ``config`` over (F, G) from the given start."""
-        shape_f, shape_g = unary_coef.shape, pairwise_coef.shape
-        independent = config["inference"] == "independent"
+    def _fit_weights(self, objective, batches, unary_coef, pairwise_coef, n_labelled, stage, progress, max_iter,
+                     warn=True):
+        """Minimise ``objective`` over the images of ``batches`` from (F, G)."""
         reg = float(self.reg)
-        unpack = functools.partial(_unpack_weights, shape_f=shape_f, shape_g=shape_g)
 
-        def objective(w):
-            F, G = unpack(w)
-            results = pmap(_chunk_loss_grad, F, G, config)
-            per_image = [None] * pmap.n_images
-            for (batch, seconds, recorded), index in zip(results, pmap.indices):
-                stats["kernel_time"] += seconds
-                _merge_warnings(stats["warnings"], recorded)
-                for k, item in zip(index, batch):
-                    per_image[k] = item
-            value = 0.0
-            grad_f = np.zeros(shape_f)
-            grad_g = np.zeros(shape_g)
-            for v, gf, gg in per_image:  # fixed (image) order: n_jobs-invariant
-                value += v
-                grad_f += gf
-                grad_g += gg
-            grad = np.concatenate([grad_f.ravel(), grad_g.ravel()]) if not independent else grad_f.ravel()
-            return _per_pixel_objective(value, grad, w, n_labelled, reg)
+        def loss_gradient(w):
+            value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+            progress.kernel_time += seconds
+            progress.diagnostics += diagnostics
+            progress.n_images += batches.n_images
+            return value, grad
 
-        w0 = np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()]) if not independent else unary_coef.ravel()
-        w, info = self._minimize(objective, w0, unpack, stage, stats, max_iter, warn)
-        return unpack(w), info
+        w0 = objective.pack(unary_coef, pairwise_coef)
+        w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
+        return objective.unpack(w), info
 
-    def _minimize(self, objective, w0, unpack, stage, stats, max_iter, warn=True):
+    def _warn_diagnostics(self, diagnostics, n_images, computations, where):
+        """One warning per kind of :class:`_Diagnostics`, with how often it occurred."""
+        among = f"in {{}} of {n_images} {computations}"
+        if diagnostics.not_converged and where == "prediction":
+            warn_at_caller(
+                f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "
+                f"iterations on {diagnostics.not_converged} of {n_images} samples; their marginals are not converged",
+                ConvergenceWarning,
+            )
+        elif diagnostics.not_converged:
+            warn_at_caller(
+                f"during {where}: {self.inference} inference did not converge to tol={self.tol:g} within "
+                f"inference_max_iter={self.inference_max_iter} iterations "
+                f"{among.format(diagnostics.not_converged)}, so its marginals there are not a fixed point and "
+                f"the gradient, which assumes a fixed point, may be far off; raise inference_max_iter, loosen tol, "
+                f"or use gradient_mode='truncated'",
+                RuntimeWarning,
+            )
+        if diagnostics.floored:
+            warn_at_caller(
+                f"during {where}: {self.inference} message entries were at the floor 1e-300 "
+                f"{among.format(diagnostics.floored)}: some parameters differ by more than about 690 * rho, beyond "
+                f"what the messages can represent, so the marginals there may be inaccurate; use a larger reg, "
+                f"mean field or exact inference",
+                RuntimeWarning,
+            )
+        if diagnostics.fallback:
+            warn_at_caller(
+                f"during {where}: the reverse sweeps of gradient_mode='backprop' diverged "
+                f"{among.format(diagnostics.fallback)}; the gradient was computed through the forward iterations "
+                f"instead (exact for the reported loss)",
+                BackpropFallbackWarning,
+            )
+
+    def _minimize(self, objective, w0, unpack, stage, progress, max_iter, warn=True):
         """L-BFGS-B with restarts after an abnormal line search; ``unpack(w)``
         gives the (F, G) of a weight vector for the user's ``callback``, which
-        may stop the fit (``stats["stopped"]``)."""
+        may stop the fit (``progress.stopped``)."""
         last = {"x": None, "f": np.nan, "g": None}
         curve = []
         times = []
@@ -1245,18 +671,18 @@ class MarginalCRF(BaseEstimator):
         def callback(intermediate_result):
             f = float(intermediate_result.fun)
             curve.append(f)
-            times.append(time.perf_counter() - stats["start"])
+            times.append(time.perf_counter() - progress.start)
             if self.verbose > 0:
                 g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
                 self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {times[-1]:.2f}s")
             if self.callback is not None:
                 unary_coef, pairwise_coef = unpack(intermediate_result.x)
-                progress = Bunch(
+                report = Bunch(
                     stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
                     n_restarts=n_restarts, elapsed=times[-1],
                 )
-                if self.callback(progress):
+                if self.callback(report):
                     raise _StopFit(np.array(intermediate_result.x))
 
         w = np.asarray(w0, dtype=np.float64).copy()
@@ -1276,7 +702,7 @@ class MarginalCRF(BaseEstimator):
                     )
             except _StopFit as stop:
                 self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
-                stats["stopped"] = True
+                progress.stopped = True
                 w, n_iter, result = stop.weights, len(curve), None
                 break
             n_iter += int(result.nit)
@@ -1304,25 +730,12 @@ class MarginalCRF(BaseEstimator):
         """Validated samples and their (n, K) unary marginals."""
         check_is_fitted(self)
         samples, _, _ = _check_X(X, self.n_node_features_, self.n_edge_features_)
-        costs = [s.n_nodes + s.n_edges for s in samples]
-        groups = _balanced_chunks(costs, self._n_chunks(len(samples)))
-        marginals = [None] * len(samples)
-        not_converged = 0
-        recorded = {}
-        with _ParallelMap(samples, None, groups, self.n_jobs, self.verbose) as pmap:
-            results = pmap(_chunk_marginals, self.unary_coef_, self.pairwise_coef_, self._predict_config())
-            for group, (batch, count, warned) in zip(pmap.indices, results):
-                not_converged += count
-                _merge_warnings(recorded, warned)
-                for k, mu in zip(group, batch):
-                    marginals[k] = mu
-        _report_warnings(recorded, "during prediction, in per-image inference calls")
-        if not_converged:
-            warn_at_caller(
-                f"inference did not reach tol={self.tol:g} within inference_max_iter={self.inference_max_iter} "
-                f"iterations on {not_converged} of {len(samples)} samples; their marginals are not converged",
-                ConvergenceWarning,
-            )
+        objective = self._objective(
+            self.loss, self.inference, self.unary_coef_.shape, self.pairwise_coef_.shape, prediction=True
+        )
+        with ImageBatches(samples, None, self.n_jobs, self.verbose) as batches:
+            marginals, diagnostics = objective.marginals(self.unary_coef_, self.pairwise_coef_, batches)
+        self._warn_diagnostics(diagnostics, len(samples), "samples", "prediction")
         return samples, marginals
 
     def predict_proba(self, X):
@@ -1353,32 +766,3 @@ class MarginalCRF(BaseEstimator):
         samples, marginals = self._node_marginals(X)
         labels, _ = _check_y(y, samples, self.n_states_)
         return 1.0 - hamming_error_from_marginals(labels, marginals)
-
-
-def _per_pixel_objective(value, grad, w, n_labelled, reg):
-    """The fit's objective and its gradient from the summed loss and gradient
-    of the images: the mean over the labelled pixels plus the ridge penalty
-    ``reg * |w|^2``."""
-    return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w
-
-
-class _LogisticData:
-    """The labelled nodes of every image, stacked, for the independent model
-    with the univariate logistic loss (multinomial logistic regression on the
-    unary features, computed in-process)."""
-
-    def __init__(self, samples, labels):
-        observed = [lab >= 0 for lab in labels]
-        counts = np.array([np.count_nonzero(o) for o in observed])
-        stops = np.cumsum(counts)
-        n_labelled = int(stops[-1])
-        dtype = np.result_type(*(s.node_features.dtype for s in samples))
-        self.features = np.empty((n_labelled, samples[0].node_features.shape[1]), dtype=dtype)
-        self.targets = np.empty(n_labelled, dtype=np.int64)
-        for s, lab, o, start, stop in zip(samples, labels, observed, stops - counts, stops):
-            self.features[start:stop] = s.node_features[o]
-            self.targets[start:stop] = lab[o]
-
-    def loss_grad(self, w, shape_f, reg):
-        value, grad = logistic_loss_and_gradient(self.features, self.targets, w.reshape(shape_f))
-        return _per_pixel_objective(value, grad.ravel(), w, self.targets.shape[0], reg)

@@ -12,7 +12,8 @@ A gradient mode combines an inference method with a loss ``Q(mu, theta)``:
     messages, without a stack, until the largest adjoint message is below the
     same ``tol``. If they diverge (inference stopped at a loose threshold away
     from an attractive fixed point), the gradient is taken through exactly the iterations inference ran
-    instead, with a :class:`~sklearn_margcrf.exceptions.BackpropFallbackWarning`.
+    instead, with a :class:`~sklearn_margcrf.exceptions.BackpropFallbackWarning`
+    (:func:`loss_and_grad`; the private core returns it as a count).
 ``"perturbation"`` (Sec. "Perturbation")
     ``dL/dtheta = lim (mu(theta + r dQ/dmu) - mu(theta - r dQ/dmu)) / 2r``,
     with 1-, 2- or 4-sided differences and
@@ -31,19 +32,22 @@ term vanishes and the familiar ``f(x) - mu`` remains, while under truncation it
 is the exact gradient of the paper's truncated partition function.
 """
 
+import copy
 import numbers
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
 from ._graph import _as_labels, check_positive, validate_model
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
-from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from ._checkpoints import check_checkpoints
+from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
+from .trw import floored_message_entries
 
 __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
 
@@ -95,7 +99,7 @@ class _Problem:
     """A validated model with its inference settings; runs forward and backward passes."""
 
     def __init__(self, edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, sides, multiplier,
-                 checkpoints=None):
+                 checkpoints=None, diagnostics=None):
         self.edges, self.unary, self.pairwise = edges, unary, pairwise
         self.inference, self.mode = inference, gradient_mode
         self.n_iter = n_iter if gradient_mode == "truncated" else None
@@ -103,6 +107,7 @@ class _Problem:
         self.rho = rho
         self.sides, self.multiplier = sides, multiplier
         self.checkpoints = checkpoints
+        self.diagnostics = _Diagnostics() if diagnostics is None else diagnostics
 
     def forward(self, unary=None, pairwise=None, keep_stack=None, n_iter="default"):
         unary = self.unary if unary is None else unary
@@ -113,25 +118,25 @@ class _Problem:
             n_iter = self.n_iter
         # the losses read marginals only; log_partition_and_grad evaluates the
         # entropy itself, with its gradient
-        return run_inference(
+        state, result = run_inference(
             self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
             log_partition=False, checkpoints=self.checkpoints,
         )
+        if self.inference in ("trw", "lbp") and floored_message_entries(state):
+            self.diagnostics.floored = 1
+        return state, result
 
     def backward(self, state, result, grad_unary_marginals, grad_pairwise_marginals):
         """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
         if self.mode == "truncated":
             return KERNELS[self.inference].backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
-        if self.mode == "backprop":  # the kernels' fixed-point mode warns about unconverged messages
-            return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
         if not result.converged:
-            warn_at_caller(
-                f"gradient_mode={self.mode!r}: {self.inference} inference did not converge to tol={self.tol:g} "
-                f"in max_iter={self.max_iter} iterations, so its marginals are not a fixed point and the "
-                f"gradient, which assumes one, may be far off; raise max_iter, loosen tol, or use "
-                f"gradient_mode='truncated'",
-                RuntimeWarning,
-            )
+            self.diagnostics.not_converged = 1
+        if self.mode == "backprop":
+            if not state.converged:  # counted above; the kernels' fixed-point mode would warn about it again
+                state = copy.copy(state)
+                state.converged = True
+            return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
         # implicit: scipy's sparse solver and the complex step run in float64;
@@ -157,7 +162,7 @@ class _Problem:
         inference stopped at a loose threshold they can instead diverge; then
         the gradient is computed by back-propagating through exactly the
         iterations inference ran (re-run with a stack), which is the exact
-        gradient of the reported loss, and a BackpropFallbackWarning says so.
+        gradient of the reported loss, and ``diagnostics.fallback`` says so.
         """
         backward = KERNELS[self.inference].backward
         sweeps = 4 * int(state.n_iter) + 100
@@ -169,11 +174,7 @@ class _Problem:
         except BackpropDivergenceError as exc:
             # the stack of the forward iterations is checkpointed (self.checkpoints,
             # or the memory budget of checkpoints=None), so its memory is bounded
-            warn_at_caller(
-                f"gradient_mode='backprop': {exc}; the gradient was computed through the "
-                f"{state.n_iter} forward iterations instead (exact for the reported loss)",
-                BackpropFallbackWarning,
-            )
+            self.diagnostics.fallback = 1
             stacked_state = self.forward(keep_stack=True, n_iter=int(state.n_iter))[0]
             return backward(stacked_state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
 
@@ -268,12 +269,107 @@ def _surrogate_likelihood(problem, labels):
         sub_problem = _Problem(
             sub_edges, sub_unary, sub_pairwise, problem.inference, problem.mode, problem.n_iter,
             problem.tol, problem.max_iter, sub_rho, problem.sides, problem.multiplier, problem.checkpoints,
+            problem.diagnostics,
         )
         sub_value, sub_grad_unary, sub_grad_pairwise = sub_problem.log_partition_and_grad()
         clamped_value = constant + sub_value
         clamped_grad = lift(sub_grad_unary, sub_grad_pairwise)
     value = log_z - clamped_value
     return value, grad_unary - clamped_grad[0], grad_pairwise - clamped_grad[1]
+
+
+@dataclass
+class _Diagnostics:
+    """What one computation could not do as asked, as counts (0 or 1 for one
+    image; they add up over images): inference that did not reach ``tol``
+    (the non-truncated gradient modes), TRW / LBP messages at their floor,
+    and back-propagations that fell back to the stored iterations. Returned
+    as data, so that callers warn once for many images, in their own words."""
+
+    not_converged: int = 0
+    floored: int = 0
+    fallback: int = 0
+
+    def __add__(self, other):
+        return _Diagnostics(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def warnings(self, settings):
+        """(category, message) of each kind that occurred, as :func:`loss_and_grad` reports it."""
+        out = []
+        if self.not_converged:
+            out.append((RuntimeWarning, (
+                f"gradient_mode={settings.gradient_mode!r}: {settings.inference} inference did not converge to "
+                f"tol={settings.tol:g} in max_iter={settings.max_iter} iterations, so its marginals are not a fixed "
+                "point and the gradient, which assumes a fixed point, may be far off; raise max_iter, loosen tol, "
+                "or use gradient_mode='truncated'"
+            )))
+        if self.floored:
+            out.append((RuntimeWarning, (
+                f"{settings.inference}: message entries are at their floor (1e-300 in float64, 1e-37 in float32): "
+                "some parameters differ by more than about 690 * rho (85 * rho in float32), beyond what the "
+                "messages can represent, so the marginals may be inaccurate (even when converged); use smaller "
+                "parameters (e.g. a larger reg), float64, mean field or exact inference"
+            )))
+        if self.fallback:
+            out.append((BackpropFallbackWarning, (
+                "gradient_mode='backprop': the reverse sweeps at the converged messages diverged; the gradient "
+                "was computed through the forward iterations instead (exact for the reported loss)"
+            )))
+        return out
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """The validated keyword arguments of :func:`loss_and_grad` (``n_iter``
+    None: inference to ``tol``; ``rho`` as given: a rule name is resolved per
+    graph)."""
+
+    loss: str = "univariate_logistic"
+    inference: str = "trw"
+    gradient_mode: str = "truncated"
+    n_iter: int = 20
+    tol: float = 1e-6
+    max_iter: int = 1000
+    rho: object = field(default=None, hash=False)
+    alpha: float = 15.0
+    sides: int = 2
+    multiplier: float = 1.0
+    checkpoints: int = None
+
+
+def _loss_and_grad(edges, unary, pairwise, labels, settings):
+    """:func:`loss_and_grad` of validated inputs, with its diagnostics
+    returned (:class:`_Diagnostics`) instead of warned:
+    ``(value, grad_unary, grad_pairwise, diagnostics)``."""
+    if settings.loss in INFERENCE_FREE_LOSSES:
+        value, grad_unary, grad_pairwise = (pseudolikelihood if settings.loss == "pseudolikelihood" else piecewise)(
+            edges, unary, pairwise, labels
+        )
+        return value, grad_unary, grad_pairwise, _Diagnostics()
+    rho = resolve_rho(settings.rho, settings.inference, unary.shape[0], edges)
+    problem = _Problem(
+        edges, unary, pairwise, settings.inference, settings.gradient_mode, settings.n_iter, settings.tol,
+        settings.max_iter, rho, settings.sides, settings.multiplier, settings.checkpoints,
+    )
+    if settings.loss == "surrogate_likelihood":
+        value, grad_unary, grad_pairwise = _surrogate_likelihood(problem, labels)
+    else:
+        state, result = problem.forward()
+        value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise, edges, labels,
+                                                 alpha=settings.alpha)
+        grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
+    return float(value), grad_unary, grad_pairwise, problem.diagnostics
+
+
+def _marginals(edges, unary, pairwise, settings):
+    """Unary marginals of validated inputs with ``settings.n_iter``
+    iterations (None: to ``tol``), and their :class:`_Diagnostics`."""
+    rho = resolve_rho(settings.rho, settings.inference, unary.shape[0], edges)
+    problem = _Problem(edges, unary, pairwise, settings.inference, "truncated", None, settings.tol, settings.max_iter,
+                       rho, settings.sides, settings.multiplier)
+    _, result = problem.forward(keep_stack=False, n_iter=settings.n_iter)
+    problem.diagnostics.not_converged = int(settings.n_iter is None and not result.converged)
+    return result.unary, problem.diagnostics
 
 
 def loss_and_grad(
@@ -382,16 +478,9 @@ def loss_and_grad(
         method = check_method(inference)
         if rho is not None and not (method == "trw" and isinstance(rho, str) and rho in RHO_RULES):
             resolve_rho(rho, method, n_nodes, edges)
-        return (pseudolikelihood if loss == "pseudolikelihood" else piecewise)(edges, unary, pairwise, labels)
-
-    rho = resolve_rho(rho, check_method(inference), n_nodes, edges)
-    problem = _Problem(edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, int(sides), multiplier,
-                       checkpoints)
-    if loss == "surrogate_likelihood":
-        value, grad_unary, grad_pairwise = _surrogate_likelihood(problem, labels)
-        return float(value), grad_unary, grad_pairwise
-
-    state, result = problem.forward()
-    value, grad_mu, grad_mu2 = marginal_loss(loss, result.unary, result.pairwise, edges, labels, alpha=alpha)
-    grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
-    return float(value), grad_unary, grad_pairwise
+    settings = _Settings(loss, inference, gradient_mode, n_iter, tol, max_iter, rho, float(alpha), int(sides), multiplier,
+                         checkpoints)
+    value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, settings)
+    for category, message in diagnostics.warnings(settings):
+        warn_at_caller(message, category)
+    return value, grad_unary, grad_pairwise

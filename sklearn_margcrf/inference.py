@@ -143,9 +143,8 @@ def _trw_backward(*args, **kwargs):
 def _mean_field_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints):
     from .mean_field import mean_field_forward
 
-    extra = {} if checkpoints is None else {"checkpoints": checkpoints}  # MERGE-PENDING
     return mean_field_forward(edges, unary, pairwise, n_iter=n_iter, tol=tol, max_iter=max_iter,
-                              keep_stack=keep_stack, **extra)
+                              keep_stack=keep_stack, checkpoints=checkpoints)
 
 
 def _mean_field_backward(*args, **kwargs):
@@ -196,6 +195,8 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
     """Run a kernel on validated inputs; return (kernel state or None, InferenceResult).
 
     The state is what the kernel's backward pass needs (None for exact).
+    Nothing is warned here: the callers report messages at the floor
+    (``trw.floored_message_entries(state)``) in their own way.
     With ``log_partition=False`` the entropy is not evaluated (about a fifth
     of the CPU time of a truncated TRW gradient) and ``result.log_partition``
     is None, except for exact inference, which gets log Z for free.
@@ -210,8 +211,6 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
         mu, mu2, log_z = exact_inference(edges, unary, pairwise)
         return None, InferenceResult(mu, mu2, dtype(log_z), 0, True, None)
     state = KERNELS[method].forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints)
-    if method != "mean_field":
-        _warn_floored(method, state)
     mu, mu2 = state.unary_marginals, state.pairwise_marginals
     if log_partition:
         entropy = method_entropy(method, edges, mu, mu2, rho)
@@ -279,4 +278,7 @@ def infer(edges, unary, pairwise, *, method="trw", n_iter=None, tol=1e-6, max_it
     edges, unary, pairwise = validate_model(edges, unary, pairwise)
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
     rho = resolve_rho(rho, method, unary.shape[0], edges)
-    return run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter)[1]
+    state, result = run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter)
+    if method in ("trw", "lbp"):
+        _warn_floored(method, state)
+    return result

@@ -240,7 +240,7 @@ def frustrated_problem():
     return edges, unary, pairwise, rng.integers(0, 2, 16)
 
 
-@pytest.mark.filterwarnings("ignore:trw_backward:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:gradient_mode='backprop'. lbp inference did not converge:RuntimeWarning")
 def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverge():
     edges, unary, pairwise, labels = frustrated_problem()
     with pytest.warns(BackpropFallbackWarning, match="forward iterations"):

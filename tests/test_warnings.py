@@ -18,6 +18,10 @@ def floored():
     infer(*floored_model(800), method="trw")
 
 
+def floored_gradient():
+    loss_and_grad(*floored_model(800), np.array([0, 1, 0, 1]), gradient_mode="backprop")
+
+
 def perturbation_unconverged():
     edges, unary, pairwise, labels = make_problem((3, 3), 1, n_states=2)
     loss_and_grad(edges, unary, pairwise, labels, gradient_mode="perturbation", tol=1e-14, max_iter=2)
@@ -48,6 +52,7 @@ def mean_field_reverse_sweeps():
 
 CASES = {
     "messages at the floor (infer)": (floored, RuntimeWarning, "at the floor"),
+    "messages at the floor (loss_and_grad)": (floored_gradient, RuntimeWarning, "message entries are at the floor"),
     "perturbation, not converged (loss_and_grad)": (perturbation_unconverged, RuntimeWarning, "may be far off"),
     "back TRW at unconverged messages (loss_and_grad)": (
         lambda: backprop_unconverged("trw"), RuntimeWarning, "not a fixed point"),

@@ -1,0 +1,150 @@
+"""The objective of :class:`~sklearn_margcrf.MarginalCRF`: one object owns
+the linear parametrisation, the per-image loss and the ridge penalty (in the
+spirit of scikit-learn's ``LinearModelLoss``).
+
+Parametrisation (paper, Sec. "Setup" of the experiments): the unary and
+pairwise parameters of an image are linear in its features,
+
+    theta_i  = F u_i       F : (K, Fu)
+    theta_ij = G v_ij      G : (K, K, Fe)
+
+and the chain rule gives ``dL/dF = sum_i dL/dtheta_i u_i^T`` and
+``dL/dG = sum_ij dL/dtheta_ij v_ij^T`` (:mod:`._linear`). The objective is the
+loss per labelled node plus a ridge penalty,
+
+    R(F, G) = (sum over images of L) / (number of labelled nodes) + reg * (||F||^2 + ||G||^2).
+
+The independent model is the same model with every image's edges dropped:
+zero iterations of TRW give ``softmax(theta_i)``, and ``G`` is not a weight.
+"""
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ._linear import feature_scores, weight_gradient
+from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings
+
+__all__ = ["CRFObjective"]
+
+
+@dataclass(frozen=True)
+class CRFObjective:
+    """Loss, gradient and marginals of the linear CRF over images.
+
+    Parameters
+    ----------
+    settings : gradients._Settings
+        The per-image loss and how its gradient (or, for prediction, the
+        marginals) are computed. ``inference="independent"`` is the
+        independent model: every image's edges are dropped, zero iterations
+        of TRW give ``softmax(theta_i)``, and the weight vector holds ``F``
+        only (``settings`` then holds those inference settings).
+    shape_f, shape_g : tuple
+        Shapes of ``F`` (K, Fu) and ``G`` (K, K, Fe).
+    """
+
+    settings: _Settings
+    shape_f: tuple
+    shape_g: tuple
+    independent: bool = field(init=False)
+
+    def __post_init__(self):
+        independent = self.settings.inference == "independent"
+        object.__setattr__(self, "independent", independent)
+        if independent:
+            settings = replace(self.settings, inference="trw", gradient_mode="truncated", n_iter=0, rho=None)
+            object.__setattr__(self, "settings", settings)
+
+    # -- weights ---------------------------------------------------------------
+
+    def pack(self, unary_coef, pairwise_coef):
+        """The weight vector of (F, G) (F only for the independent model)."""
+        if self.independent:
+            return unary_coef.ravel().copy()
+        return np.concatenate([unary_coef.ravel(), pairwise_coef.ravel()])
+
+    def unpack(self, w):
+        """Copies (F, G) of a weight vector; ``G`` is zero for the independent model."""
+        size_f = int(np.prod(self.shape_f))
+        F = w[:size_f].reshape(self.shape_f).copy()
+        G = np.zeros(self.shape_g) if self.independent else w[size_f:].reshape(self.shape_g).copy()
+        return F, G
+
+    # -- one image ---------------------------------------------------------------
+
+    def theta(self, unary_coef, pairwise_coef, node_features, edges, edge_features):
+        """(edges, theta_i = F u_i (n, K), theta_ij = G v_ij (E, K, K)) of an image."""
+        n_states = self.shape_f[0]
+        unary = feature_scores(node_features, unary_coef)
+        if self.independent:
+            return np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, n_states, n_states))
+        pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
+        # The features were checked finite in fit / predict; what can still
+        # overflow is the product with the weights, and the user never passed a
+        # "unary", so say which it is.
+        if not (np.isfinite(unary.sum()) and np.isfinite(pairwise.sum())):
+            raise FloatingPointError(
+                "the potentials theta_i = F u_i or theta_ij = G v_ij of an image overflowed (non-finite values): "
+                "the features are too large for the weights; rescale the features (e.g. StandardScaler) or raise reg"
+            )
+        if not edges.flags.writeable:
+            # Memory-mapped batch: the kernels accept read-only arrays, but numba
+            # compiles them as a separate signature; a copy of the (small) edge
+            # list keeps one compiled version per kernel.
+            edges = np.array(edges)
+        return edges, unary, pairwise.reshape(-1, n_states, n_states)
+
+    def image_loss_gradient(self, unary_coef, pairwise_coef, node_features, edges, edge_features, labels):
+        """(loss, dL/dF, dL/dG, diagnostics, seconds in the loss) of one image."""
+        edges, unary, pairwise = self.theta(unary_coef, pairwise_coef, node_features, edges, edge_features)
+        start = time.perf_counter()
+        value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, self.settings)
+        seconds = time.perf_counter() - start
+        grad_f = weight_gradient(grad_unary, node_features)
+        if self.independent:
+            grad_g = np.zeros(self.shape_g)
+        else:
+            n_pairs = self.shape_g[0] * self.shape_g[1]
+            grad_g = weight_gradient(grad_pairwise.reshape(-1, n_pairs), edge_features).reshape(self.shape_g)
+        return value, grad_f, grad_g, diagnostics, seconds
+
+    def image_marginals(self, unary_coef, pairwise_coef, node_features, edges, edge_features):
+        """Unary marginals (n, K) of one image and their diagnostics."""
+        edges, unary, pairwise = self.theta(unary_coef, pairwise_coef, node_features, edges, edge_features)
+        return _marginals(edges, unary, pairwise, self.settings)
+
+    # -- all images ----------------------------------------------------------------
+
+    def loss_gradient(self, w, batches, n_labelled, reg):
+        """The objective R and its gradient at the weight vector ``w`` over the
+        images of ``batches`` (:class:`._parallel.ImageBatches`), summed in image
+        order (so independent of n_jobs and the backend); with the summed
+        diagnostics and seconds spent in the per-image losses."""
+        F, G = self.unpack(w)
+        value, grad_f, grad_g = 0.0, np.zeros(self.shape_f), np.zeros(self.shape_g)
+        diagnostics, seconds = _Diagnostics(), 0.0
+        for v, gf, gg, d, s in batches.map(_batch_loss_gradient, self, F, G):
+            value += v
+            grad_f += gf
+            grad_g += gg
+            diagnostics += d
+            seconds += s
+        grad = self.pack(grad_f, grad_g)
+        return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w, diagnostics, seconds
+
+    def marginals(self, unary_coef, pairwise_coef, batches):
+        """Unary marginals of every image of ``batches``, in image order, and their summed diagnostics."""
+        results = batches.map(_batch_marginals, self, unary_coef, pairwise_coef)
+        return [mu for mu, _ in results], sum((d for _, d in results), _Diagnostics())
+
+
+def _batch_loss_gradient(batch, objective, unary_coef, pairwise_coef):
+    """Per-image results of :meth:`CRFObjective.image_loss_gradient` (worker side)."""
+    return [objective.image_loss_gradient(unary_coef, pairwise_coef, *image) for image in batch.images()]
+
+
+def _batch_marginals(batch, objective, unary_coef, pairwise_coef):
+    """Per-image results of :meth:`CRFObjective.image_marginals` (worker side)."""
+    return [objective.image_marginals(unary_coef, pairwise_coef, *image[:3]) for image in batch.images()]

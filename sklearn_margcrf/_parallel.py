@@ -1,0 +1,196 @@
+"""One parallel map over fixed batches of images, on joblib's own facilities.
+
+A fit evaluates the same images at every L-BFGS iteration; only the weights
+change. So the images are packed once into one :class:`Batch` per worker
+(balanced by size, :func:`balanced_groups`) and handed over once:
+
+* one batch (``n_jobs=1``): the map runs in this process, without joblib;
+* otherwise each batch is dumped once (``joblib.dump``) into a folder of
+  joblib's temporary-folder manager (/dev/shm when it is large enough, else
+  the temporary folder, or ``JOBLIB_TEMP_FOLDER``) and loaded back with
+  ``mmap_mode="r"``. joblib pickles memory-mapped arrays by reference (file
+  name and offset), so at each iteration process workers map the same pages
+  and nothing is hashed or copied; threads read them directly. The folder is
+  registered with joblib's resource tracker, which removes it even when this
+  process is killed, and is removed when the map is closed;
+* on a cluster (a backend with a ``client``, joblib's Dask backend), whose
+  workers need not share a file system, the batches are scattered once and
+  the tasks refer to them by future.
+
+Results come back per image, in image order, so that sums over them do not
+depend on ``n_jobs`` or on the backend.
+"""
+
+import errno
+import os
+from dataclasses import dataclass
+
+import joblib
+import numpy as np
+from joblib import effective_n_jobs
+from joblib._memmapping_reducer import TemporaryResourcesManager
+from joblib.externals.loky.backend import resource_tracker
+from joblib.parallel import get_active_backend
+from sklearn.utils.parallel import Parallel, delayed
+
+__all__ = ["Batch", "ImageBatches", "balanced_groups", "pack"]
+
+#: errors of a file system without room: full, a file size limit, a quota
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def balanced_groups(costs, n_groups):
+    """Split image indices into at most ``n_groups`` groups of similar total cost
+    (longest processing time first); each group is returned in image order.
+
+    One batch per worker rather than one joblib task per image: on a cluster
+    each worker then holds only its own images (the horses training set at
+    full resolution is 18 GB in float64, too much to copy to every worker),
+    and there is one task per worker and iteration. On one machine the two
+    cost the same: 16 images of 60x80, TRW 20 iterations, 2 loky workers,
+    0.86 s per evaluation either way within the noise of a shared machine
+    (0.70-0.93 s with one task per image).
+    """
+    n_groups = max(1, min(int(n_groups), len(costs)))
+    loads = [0.0] * n_groups
+    groups = [[] for _ in range(n_groups)]
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        target = min(range(n_groups), key=lambda c: (loads[c], c))
+        loads[target] += costs[index]
+        groups[target].append(index)
+    return [sorted(g) for g in groups if g]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Images concatenated: image ``b`` has the rows ``node_ptr[b]:node_ptr[b + 1]``
+    of ``node_features`` and ``labels`` (None at prediction) and the rows
+    ``edge_ptr[b]:edge_ptr[b + 1]`` of ``edges`` and ``edge_features``."""
+
+    node_ptr: np.ndarray
+    edge_ptr: np.ndarray
+    node_features: np.ndarray
+    edges: np.ndarray
+    edge_features: np.ndarray
+    labels: np.ndarray = None
+
+    def images(self):
+        """Yield (node_features, edges, edge_features, labels) views of each image."""
+        for b in range(len(self.node_ptr) - 1):
+            n0, n1 = self.node_ptr[b], self.node_ptr[b + 1]
+            e0, e1 = self.edge_ptr[b], self.edge_ptr[b + 1]
+            labels = self.labels[n0:n1] if self.labels is not None else None
+            yield self.node_features[n0:n1], self.edges[e0:e1], self.edge_features[e0:e1], labels
+
+
+def pack(samples, labels, indices):
+    """The :class:`Batch` of the images ``indices`` of ``samples`` (objects with
+    ``node_features``, ``edges``, ``edge_features``) and ``labels`` (or None)."""
+
+    def stacked(parts, dtype=None):
+        if dtype is None:  # empty parts (edgeless images) do not promote float32
+            dtype = np.result_type(*([p for p in parts if p.size] or parts))
+        return np.concatenate(parts, dtype=dtype)
+
+    def pointers(counts):
+        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+        ptr[1:] = np.cumsum(counts)
+        return ptr
+
+    chosen = [samples[i] for i in indices]
+    return Batch(
+        node_ptr=pointers([s.node_features.shape[0] for s in chosen]),
+        edge_ptr=pointers([s.edges.shape[0] for s in chosen]),
+        node_features=stacked([s.node_features for s in chosen]),
+        edges=stacked([s.edges.reshape(-1, 2) for s in chosen], np.int64),
+        edge_features=stacked([s.edge_features for s in chosen]),
+        labels=stacked([labels[i] for i in indices], np.int64) if labels is not None else None,
+    )
+
+
+class ImageBatches:
+    """Images packed into one batch per worker once, mapped over many times.
+
+    ``with ImageBatches(samples, labels, n_jobs) as batches:`` then
+    ``batches.map(func, *args)`` runs ``func(batch, *args)`` (which returns one
+    result per image of the batch) on every batch and returns the results of
+    all images, in the order of ``samples``. See the module docstring.
+    """
+
+    def __init__(self, samples, labels, n_jobs=None, verbose=0):
+        self.samples, self.labels = samples, labels
+        self.n_jobs, self.verbose = n_jobs, verbose
+        self.n_images = len(samples)
+        self.groups = None
+        self.folder = None  # where the batches are dumped, while open
+        self._handles = None
+        self._parallel = None
+        self._folder_manager = None
+
+    def __enter__(self):
+        n_groups = max(1, min(int(effective_n_jobs(self.n_jobs)), self.n_images))
+        costs = [s.node_features.shape[0] + s.edges.shape[0] for s in self.samples]
+        self.groups = balanced_groups(costs, n_groups)
+        try:
+            self._handles = self._hand_over()
+            if len(self.groups) > 1:
+                self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
+                self._parallel.__enter__()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        finally:
+            self.samples = self.labels = None
+        return self
+
+    def _hand_over(self):
+        if len(self.groups) == 1:
+            return [pack(self.samples, self.labels, self.groups[0])]
+        backend, _ = get_active_backend()
+        client = getattr(backend, "client", None)
+        if client is not None:
+            return client.scatter([pack(self.samples, self.labels, g) for g in self.groups], hash=False)
+        self._folder_manager = TemporaryResourcesManager()
+        self.folder = self._folder_manager.resolve_temp_folder_name()
+        os.makedirs(self.folder, exist_ok=True)
+        handles = []
+        for c, group in enumerate(self.groups):
+            path = os.path.join(self.folder, f"batch{c}.pkl")
+            try:
+                joblib.dump(pack(self.samples, self.labels, group), path)
+            except OSError as exc:
+                if os.path.exists(path):
+                    os.unlink(path)
+                if exc.errno not in _NO_ROOM:
+                    raise
+                raise OSError(
+                    exc.errno,
+                    f"no room for the image batches in {self.folder} ({exc.strerror}); free some space or set "
+                    "the environment variable JOBLIB_TEMP_FOLDER to a folder with more room",
+                ) from exc
+            # the tracker removes it if this process dies (and must know it
+            # for the folder manager's cleanup)
+            resource_tracker.register(path, "file")
+            handles.append(joblib.load(path, mmap_mode="r"))
+        return handles
+
+    def map(self, func, *args):
+        if self._parallel is None:
+            per_batch = [func(handle, *args) for handle in self._handles]
+        else:
+            per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+        out = [None] * self.n_images
+        for group, results in zip(self.groups, per_batch):
+            for k, result in zip(group, results):
+                out[k] = result
+        return out
+
+    def __exit__(self, *exc):
+        if self._parallel is not None:
+            self._parallel.__exit__(*exc)
+            self._parallel = None
+        self._handles = None
+        if self._folder_manager is not None:
+            self._folder_manager._clean_temporary_resources(force=True)
+            self._folder_manager = self.folder = None
+        return False

@@ -1,0 +1,160 @@
+"""The parallel map over images (sklearn_margcrf._parallel) and the objective
+it evaluates (sklearn_margcrf._objective): batches handed to joblib once per
+fit and removed after it, a clear error when they do not fit, per-image
+diagnostics returned as counts."""
+
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from estimator_checks import make_structured_data
+from sklearn_margcrf import MarginalCRF
+from sklearn_margcrf._parallel import ImageBatches, pack
+from sklearn_margcrf.estimator import _check_X, _check_y
+
+
+def _files(folder):
+    """(path, inode, modification time, size) of every file under ``folder``."""
+    out = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            out.append((os.path.join(root, name), stat.st_ino, stat.st_mtime_ns, stat.st_size))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("backend", ["loky", "threading", "multiprocessing"])
+def test_batches_are_dumped_once_and_nothing_is_left_behind(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tmp_path))
+    # batches of 2 images of 200 x 200 nodes: above joblib's 1 MB threshold,
+    # so that joblib would dump a copy of any array it were given by value
+    X, y = make_structured_data(n_samples=4, shape=(200, 200))
+    seen = []
+    with warnings.catch_warnings(), joblib.parallel_config(backend=backend):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=lambda p: seen.append(_files(tmp_path))).fit(X, y)
+    # two batch files, the same ones at every iteration: written once, and
+    # joblib memory-mapped nothing of its own (they went by reference)
+    assert len(seen) > 2 and len(seen[0]) == 2
+    assert all(size > 2**20 for _, _, _, size in seen[0])
+    assert all(files == seen[0] for files in seen)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_results_come_back_in_image_order():
+    shapes = [(3, 4), (6, 6), (2, 3), (5, 6), (4, 4)]
+    data = [make_structured_data(n_samples=1, shape=shape) for shape in shapes]
+    samples, _, _ = _check_X([X[0] for X, _ in data])
+    labels, _ = _check_y([y[0] for _, y in data], samples)
+
+    def sizes(batch):
+        return [node_features.shape[0] for node_features, _, _, _ in batch.images()]
+
+    for backend in ["threading", "loky"]:
+        with joblib.parallel_config(backend=backend), ImageBatches(samples, labels, n_jobs=2) as batches:
+            assert len(batches.groups) == 2
+            assert batches.map(sizes) == [h * w for h, w in shapes]
+
+
+_FULL_FOLDER_SCRIPT = """
+import resource, signal, sys, warnings
+import joblib
+sys.path.insert(0, {tests!r})
+from estimator_checks import make_structured_data
+from sklearn_margcrf import MarginalCRF
+
+X, y = make_structured_data(n_samples=2, shape=(30, 30))
+warnings.simplefilter("ignore")
+MarginalCRF(n_iter=2, max_iter=1).fit(X, y)  # kernels compiled or loaded from numba's cache first
+# files may grow to 16 kB only: the batches (30 x 30 x 4 features each) do not fit
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16384, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    with joblib.parallel_config(backend="threading"):
+        MarginalCRF(n_iter=2, max_iter=1, n_jobs=2).fit(X, y)
+except OSError as exc:
+    print("OSError:", exc)
+"""
+
+
+def test_a_full_temporary_folder_is_a_clear_error(tmp_path):
+    script = _FULL_FOLDER_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JOBLIB_TEMP_FOLDER=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "OSError: " in out.stdout and "no room for the image batches in" in out.stdout, out.stdout
+    assert "JOBLIB_TEMP_FOLDER" in out.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_diagnostics_come_back_as_counts_without_warnings():
+    X, y = make_structured_data(n_samples=3)
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    estimator = MarginalCRF(gradient_mode="backprop", inference_max_iter=2, tol=1e-12)
+    objective = estimator._objective("univariate_logistic", "trw", (2, 3), (2, 2, 2))
+    w = np.random.default_rng(0).normal(size=objective.pack(np.zeros((2, 3)), np.zeros((2, 2, 2))).size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is warned: it is all in the counts
+        with ImageBatches(samples, labels) as batches:
+            _, _, diagnostics, _ = objective.loss_gradient(w, batches, n_labelled=1, reg=0.0)
+    assert diagnostics.not_converged == 3
+    assert diagnostics.floored == diagnostics.fallback == 0
+
+
+def test_packing_keeps_float32_beside_an_edgeless_image():
+    X, _ = make_structured_data(n_samples=2)
+    X32 = [(s.node_features.astype(np.float32), s.edges, s.edge_features.astype(np.float32)) for s in X]
+    X32.append((X32[0][0], np.zeros((0, 2), np.int64), None))  # its edge features: a float64 (0, 2) placeholder
+    samples, _, _ = _check_X(X32)
+    batch = pack(samples, None, [0, 1, 2])
+    assert batch.node_features.dtype == batch.edge_features.dtype == np.float32
+    np.testing.assert_array_equal(batch.edge_features, np.concatenate([x[2] for x in X32[:2]]))
+    assert [nf.shape[0] for nf, _, _, labels in batch.images()] == [20, 20, 20]
+
+
+_KILLED_FIT_SCRIPT = """
+import sys, time, warnings
+import joblib
+sys.path.insert(0, {tests!r})
+from estimator_checks import make_structured_data
+from sklearn_margcrf import MarginalCRF
+
+X, y = make_structured_data(n_samples=2, shape=(20, 20))
+warnings.simplefilter("ignore")
+
+
+def wait_to_be_killed(progress):
+    print("fitting", flush=True)
+    time.sleep(600)
+
+
+with joblib.parallel_config(backend="threading"):
+    MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=wait_to_be_killed).fit(X, y)
+"""
+
+
+def test_the_batches_of_a_killed_fit_are_removed(tmp_path):
+    # by joblib's resource tracker, which outlives the process it tracks
+    script = _KILLED_FIT_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, JOBLIB_TEMP_FOLDER=str(tmp_path))
+    fit = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, env=env)
+    try:
+        assert fit.stdout.readline().strip() == "fitting"
+        assert len(_files(tmp_path)) == 2
+    finally:
+        fit.kill()
+        fit.wait()
+    for _ in range(100):
+        if not list(tmp_path.iterdir()):
+            break
+        time.sleep(0.1)
+    assert list(tmp_path.iterdir()) == []
