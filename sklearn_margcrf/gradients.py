@@ -305,7 +305,7 @@ class _Diagnostics:
             )))
         if self.floored:
             out.append((RuntimeWarning, (
-                f"{settings.inference}: message entries are at their floor (1e-300 in float64, 1e-37 in float32): "
+                f"{settings.inference}: message entries are at the floor (1e-300 in float64, 1e-37 in float32): "
                 "some parameters differ by more than about 690 * rho (85 * rho in float32), beyond what the "
                 "messages can represent, so the marginals may be inaccurate (even when converged); use smaller "
                 "parameters (e.g. a larger reg), float64, mean field or exact inference"
