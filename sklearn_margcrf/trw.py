@@ -71,7 +71,8 @@ Numerical stability
 - A message entry at the floor is a constant of the forward pass, so the
   backward pass accumulates no adjoint for it (exact for the floored forward,
   and it keeps the adjoints finite). Step 8(c) is evaluated as
-  ``(A tab) * (nu / m / Z)``, which stays finite because ``A tab <= Z``.
+  ``((A tab) / Z) * (nu / m)``: ``(A tab) / Z <= m`` keeps it within ``|nu|``,
+  whereas ``nu / m / Z`` alone overflows when ``m`` and ``Z`` are both tiny.
 - Limitation: a message entry smaller than ``1e-300`` cannot be represented,
   so when parameter differences exceed roughly ``690 rho`` the floor can shift
   the marginals away from the exact TRW fixed point (they stay finite and
@@ -537,14 +538,14 @@ def _reverse_sweep_k2(
             a1 *= MP[k, 1]
         z = a0 * rsum[st, 0] + a1 * rsum[st, 1]
         if z > _TINY and z < _HUGE:
-            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
+            # val = ((A tab) / Z) (nu / m_ci): A tab / Z <= m_ci keeps it
+            # within |nu|, while nu / m_ci / Z alone can overflow when m_ci
+            # and Z are both tiny
             inv = 1.0 / z
-            r0 *= inv
-            r1 *= inv
-            v00 = a0 * tabs[st, 0, 0] * r0
-            v01 = a0 * tabs[st, 0, 1] * r1
-            v10 = a1 * tabs[st, 1, 0] * r0
-            v11 = a1 * tabs[st, 1, 1] * r1
+            v00 = a0 * tabs[st, 0, 0] * inv * r0
+            v01 = a0 * tabs[st, 0, 1] * inv * r1
+            v10 = a1 * tabs[st, 1, 0] * inv * r0
+            v11 = a1 * tabs[st, 1, 1] * inv * r1
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
             v00 = q[0, 0] * r0
@@ -639,14 +640,12 @@ def _reverse_sweep_kk(
             sv = K
         # (loops ordered x_v outer, x_u inner: K independent sums for h)
         if z > _TINY and z < _HUGE:
-            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
+            # val = ((A tab) / Z) (nu / m_ci), in this order (see the K = 2 sweep)
             inv = 1.0 / z
-            for x in range(K):
-                rv[x] *= inv
             for xv in range(K):
                 b = rv[xv]
                 for xu in range(K):
-                    val = cav[xu] * tabs[st, xu, xv] * b
+                    val = cav[xu] * tabs[st, xu, xv] * inv * b
                     g_p[c, xu * su + xv * sv] += val  # (c)
                     h[xu] += val
         else:
