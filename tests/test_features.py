@@ -292,6 +292,23 @@ def test_scale_reduces_the_grid_and_keeps_the_image_shape():
     assert half.edge_features.shape == (len(grid_edges(12, 18)), 42)
 
 
+
+def test_marginals_are_upsampled_bilinearly_between_pixel_centres():
+    # a 2 x 2 grid to a 4 x 4 image: image pixel centres sit at grid
+    # coordinates -1/4, 1/4, 3/4, 5/4, so each axis interpolates with the
+    # weights below (clamped at the border), and the states' sum stays 1
+    grid = np.array([[1.0, 0.5], [0.25, 0.0]])
+    sample = CRFSample(np.zeros((4, 1)), np.zeros((0, 2), np.int64), np.zeros((0, 1)), grid_shape=(2, 2), image_shape=(4, 4))
+    image = marginals_to_image(np.stack([grid.ravel(), 1 - grid.ravel()], axis=1), sample)
+    weights = np.array([[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]])
+    expected = weights @ grid @ weights.T
+    assert expected[0, 1] == 0.875 and expected[3, 2] == 0.0625  # by hand: .75 + .25 * .5, .25 * .25
+    np.testing.assert_allclose(image[..., 0], expected, atol=1e-15)
+    np.testing.assert_allclose(image[..., 1], 1 - expected, atol=1e-15)
+    # labels at image size go back to the grid by the nearest pixel centre
+    labels = np.arange(16).reshape(4, 4)
+    np.testing.assert_array_equal(labels_to_grid(labels, sample), [5, 7, 13, 15])
+
 def test_scale_averages_unary_features():
     from skimage.transform import resize
 
