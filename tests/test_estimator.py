@@ -102,36 +102,6 @@ def test_not_fitted_error():
 # ---------------------------------------------------------------------------
 
 
-def test_chain_rule_gradient_matches_finite_differences():
-    X, y = make_structured_data(n_samples=2, n_states=3, shape=(3, 4))
-    samples, _, _ = _check_X(X)
-    labels, n_states = _check_y(y, samples)
-    chunk = _pack(samples, labels, [0, 1])
-    rng = np.random.default_rng(0)
-    F = rng.normal(size=(n_states, samples[0].node_features.shape[1]))
-    G = rng.normal(size=(n_states, n_states, 2)) * 0.5
-    config = MarginalCRF(n_iter=5)._config("univariate_logistic", "trw", n_states)
-
-    def total(F, G):
-        out, _, _ = _chunk_loss_grad(chunk, F, G, config)
-        return sum(v for v, _, _ in out), sum(gf for _, gf, _ in out), sum(gg for _, _, gg in out)
-
-    _, grad_f, grad_g = total(F, G)
-    h = 1e-6
-    for index in [(0, 0), (1, 2), (2, 1)]:
-        Fp, Fm = F.copy(), F.copy()
-        Fp[index] += h
-        Fm[index] -= h
-        numeric = (total(Fp, G)[0] - total(Fm, G)[0]) / (2 * h)
-        assert numeric == pytest.approx(grad_f[index], rel=1e-5, abs=1e-7)
-    for index in [(0, 1, 0), (2, 2, 1), (1, 0, 1)]:
-        Gp, Gm = G.copy(), G.copy()
-        Gp[index] += h
-        Gm[index] -= h
-        numeric = (total(F, Gp)[0] - total(F, Gm)[0]) / (2 * h)
-        assert numeric == pytest.approx(grad_g[index], rel=1e-5, abs=1e-7)
-
-
 def test_independent_model_is_multinomial_logistic_regression():
     X, y = make_structured_data(n_samples=3, n_states=3, hidden=0.2)
     reg = 1e-2
@@ -333,22 +303,6 @@ def test_score_is_one_minus_hamming_error_over_labelled_nodes():
     X, y = make_structured_data(hidden=0.3)
     estimator = fit_quietly(MarginalCRF(**FAST), X, y)
     assert estimator.score(X, y) == pytest.approx(1 - hamming_error(y, estimator.predict(X)))
-
-
-def test_truncated_prediction_uses_n_iter(monkeypatch):
-    X, y = make_structured_data(n_samples=2)
-    seen = []
-    real_infer = estimator_module.infer
-
-    def spy(*args, **kwargs):
-        seen.append((kwargs["method"], kwargs["n_iter"], kwargs["tol"]))
-        return real_infer(*args, **kwargs)
-
-    monkeypatch.setattr(estimator_module, "infer", spy)
-    fit_quietly(MarginalCRF(n_iter=4, max_iter=1, tol=1e-3), X, y).predict(X)
-    assert seen[-1] == ("trw", 4, 1e-3)
-    fit_quietly(MarginalCRF(gradient_mode="backprop", inference="mean_field", max_iter=1, tol=1e-3), X, y).predict(X)
-    assert seen[-1] == ("mean_field", None, 1e-3)
 
 
 # ---------------------------------------------------------------------------
