@@ -24,7 +24,7 @@ import sklearn_margcrf.estimator as estimator_module
 from estimator_checks import make_structured_data, parametrize_with_checks
 from sklearn_margcrf._graph import grid_edges
 from sklearn_margcrf.features import split_by_orientation
-from sklearn_margcrf.estimator import MarginalCRF, _chunk_loss_grad, _LogisticData, _pack, _check_X, _check_y
+from sklearn_margcrf.estimator import MarginalCRF, _pack, _check_X, _check_y
 from sklearn_margcrf.metrics import hamming_error, neg_log_loss_scorer
 from sklearn_margcrf.sample import CRFSample
 
@@ -115,21 +115,6 @@ def test_independent_model_is_multinomial_logistic_regression():
     assert np.all(estimator.pairwise_coef_ == 0)
 
 
-def test_independent_fast_path_agrees_with_loss_and_grad():
-    X, y = make_structured_data(n_samples=3, n_states=3)
-    samples, _, _ = _check_X(X)
-    labels, n_states = _check_y(y, samples)
-    rng = np.random.default_rng(1)
-    F = rng.normal(size=(n_states, 4))
-    G = np.zeros((n_states, n_states, 2))
-    config = MarginalCRF()._config("univariate_logistic", "independent", n_states)
-    out, _, _ = _chunk_loss_grad(_pack(samples, labels, [0, 1, 2]), F, G, config)
-    n_labelled = sum(int((lab >= 0).sum()) for lab in labels)
-    value, grad = _LogisticData(samples, labels).loss_grad(F.ravel(), F.shape, 0.0)
-    assert value == pytest.approx(sum(v for v, _, _ in out) / n_labelled, rel=1e-10)
-    np.testing.assert_allclose(grad, sum(g for _, g, _ in out).ravel() / n_labelled, atol=1e-10)
-
-
 def test_independent_model_through_loss_and_grad_matches_fast_path():
     # With no edges the surrogate likelihood is the exact likelihood, i.e. the
     # univariate logistic loss: both routes must find the same weights.
@@ -161,22 +146,19 @@ def test_init_independent_starts_better_than_zeros():
     assert independent.loss_curve_[0] < zeros.loss_curve_[0]
 
 
-def test_smooth_classification_starts_from_surrogate_likelihood(monkeypatch):
+def _stages_seen(estimator, X, y):
+    """(stage, n_iter) of every L-BFGS iteration of a fit, from its callback."""
+    seen = []
+    fit_quietly(estimator.set_params(callback=lambda progress: seen.append((progress.stage, progress.n_iter))), X, y)
+    return seen
+
+
+def test_smooth_classification_starts_from_surrogate_likelihood():
     X, y = make_structured_data()
-    losses = []
-    real = estimator_module._chunk_loss_grad
-
-    def spy(chunk, F, G, config):
-        losses.append(config["loss"])
-        return real(chunk, F, G, config)
-
-    monkeypatch.setattr(estimator_module, "_chunk_loss_grad", spy)
-    fit_quietly(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, n_jobs=1), X, y)
-    first_smooth = losses.index("smooth_classification")
-    assert first_smooth > 0 and set(losses[:first_smooth]) == {"surrogate_likelihood"}
-    losses.clear()
-    fit_quietly(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, init="zeros", n_jobs=1), X, y)
-    assert set(losses) == {"smooth_classification"}
+    seen = _stages_seen(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2), X, y)
+    assert [stage for stage, n_iter in seen if n_iter == 1] == ["independent", "surrogate_likelihood", "fit"]
+    seen = _stages_seen(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, init="zeros"), X, y)
+    assert {stage for stage, _ in seen} == {"fit"}
 
 
 def test_convergence_warning_when_max_iter_is_reached():
@@ -248,30 +230,28 @@ def test_lbfgs_restarts_after_abnormal_line_search(monkeypatch):
     assert estimator.n_iter_ > 2
 
 
-def test_incremental_schedule_doubles_images_and_halves_iterations(monkeypatch):
+def test_incremental_schedule_doubles_images_and_halves_iterations():
     X, y = make_structured_data(n_samples=7)
-    estimator = MarginalCRF(incremental=2, max_iter=8, random_state=0)
-    stages = estimator._stages(len(X))
-    assert [len(indices) for indices, _ in stages] == [2, 4, 7]
-    assert [iterations for _, iterations in stages] == [8, 4, 2]
-    assert set(stages[0][0]) <= set(stages[1][0])
-    assert stages == MarginalCRF(incremental=2, max_iter=8, random_state=0)._stages(7)
-    seen = []
-    real = estimator_module._chunk_loss_grad
-
-    def spy(chunk, F, G, config):
-        seen.append(len(chunk["index"]))
-        return real(chunk, F, G, config)
-
-    monkeypatch.setattr(estimator_module, "_chunk_loss_grad", spy)
+    params = dict(incremental=2, max_iter=8, random_state=0, n_iter=2, init="zeros", lbfgs_tol=0.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        estimator.set_params(n_iter=2, n_jobs=1, init="zeros").fit(X, y)
-    assert seen[0] == 2 and seen[-1] == 7 and 4 in seen
+        estimator = MarginalCRF(**params)
+        seen = _stages_seen(estimator, X, y)
+    last = {}
+    for stage, n_iter in seen:
+        last[stage] = n_iter
+    assert list(last) == ["fit[2 images]", "fit[4 images]", "fit"]
+    assert last["fit[2 images]"] <= 8 and last["fit[4 images]"] <= 4 and last["fit"] <= 2
     # intermediate stages stop at their iteration cap without a warning
     assert not any("images]" in str(w.message) for w in caught)
-    assert estimator.n_iter_ == len(estimator.loss_curve_) <= 8 + 4 + 2
-    assert MarginalCRF(incremental=10)._stages(7) == [(list(range(7)), 200)]
+    assert estimator.n_iter_ == len(estimator.loss_curve_) == sum(last.values())
+    # the subsets are drawn from random_state
+    again = fit_quietly(MarginalCRF(**params), X, y)
+    assert again.loss_curve_ == estimator.loss_curve_
+    other = fit_quietly(MarginalCRF(**dict(params, random_state=2)), X, y)
+    assert other.loss_curve_[0] != estimator.loss_curve_[0]
+    # more images in the first stage than in X: one stage with all of them
+    assert {stage for stage, _ in _stages_seen(MarginalCRF(incremental=10, max_iter=2, n_iter=2), X, y)} == {"independent", "fit"}
 
 
 def test_verbose_reports_objective_gradient_and_time(capsys):

@@ -204,6 +204,7 @@ def _objective_by_hand(X, y, F, G, reg, **kwargs):
 
 ESTIMATOR_KEYWORDS = [
     # (MarginalCRF keywords, the same as loss_and_grad keywords)
+    (dict(inference="independent"), dict(n_iter=0)),  # TRW without iterations: softmax(theta_i)
     (dict(rho=0.3, n_iter=5), dict(rho=0.3, n_iter=5)),
     (dict(loss="smooth_classification", alpha=3.0, inference="mean_field", n_iter=4),
      dict(loss="smooth_classification", alpha=3.0, inference="mean_field", n_iter=4)),
