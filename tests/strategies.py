@@ -79,16 +79,19 @@ class Model:
 
 @st.composite
 def models(draw, kinds=GRAPH_KINDS, n_states=st.integers(2, 5), log10_scale=st.floats(-2.0, 3.0), max_size=4):
-    """A random model: a graph of one of ``kinds``, K states, parameters
-    uniform in ``[-scale, scale]`` and labels, some of them hidden."""
+    """A random model: a graph of one of ``kinds``, K states, unary parameters
+    uniform in ``[-scale, scale]``, pairwise ones in the same range or ten
+    times wider or narrower, and labels, some of them hidden."""
     kind = draw(st.sampled_from(kinds))
     size = draw(st.integers(1, max_size))
     k = draw(n_states)
     scale = 10.0 ** draw(log10_scale)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n_nodes, edges = make_graph(kind, size, rng)
+    # the pairwise part at the same scale, or stronger or weaker than the unary one
+    pairwise_scale = scale * draw(st.sampled_from((1.0, 0.1, 10.0)))
     unary = rng.uniform(-scale, scale, size=(n_nodes, k))
-    pairwise = rng.uniform(-scale, scale, size=(edges.shape[0], k, k))
+    pairwise = rng.uniform(-pairwise_scale, pairwise_scale, size=(edges.shape[0], k, k))
     labels = rng.integers(0, k, size=n_nodes)
     hidden = draw(st.sampled_from(("none", "some", "all")))
     if hidden == "some":
