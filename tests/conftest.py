@@ -15,6 +15,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 #     HYPOTHESIS_PROFILE=long python -m pytest tests/test_properties*.py
 # (no deadline: numba compiles a kernel on its first call)
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
-settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **_COMMON)
+settings.register_profile("ci", max_examples=100, derandomize=True, database=None, **_COMMON)
 settings.register_profile("long", max_examples=1000, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
