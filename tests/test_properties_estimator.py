@@ -70,6 +70,7 @@ def test_fit_and_predict_proba_on_random_samples(data, combination, n_iter, init
         warnings.simplefilter("ignore")  # ConvergenceWarning after 3 iterations, floored messages
         model.fit(X, y)
         proba = model.predict_proba(X)
+        predictions = model.predict(X)
     assert np.all(np.isfinite(model.unary_coef_)) and np.all(np.isfinite(model.pairwise_coef_))
     assert model.unary_coef_.shape == (n_states, X[0][0].shape[1])
     assert model.pairwise_coef_.shape == (n_states, n_states, X[0][2].shape[1])
@@ -80,6 +81,5 @@ def test_fit_and_predict_proba_on_random_samples(data, combination, n_iter, init
         assert p.shape == (sample[0].shape[0], n_states)
         assert np.all(np.isfinite(p)) and np.all(p >= 0)
         np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-9)
-    predictions = model.predict(X)
     for p, labels in zip(proba, predictions):
         np.testing.assert_array_equal(labels, np.argmax(p, axis=1))
