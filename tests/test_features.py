@@ -30,7 +30,10 @@ from sklearn_margcrf.features import (
     dense_hog,
     edge_orientation,
     fourier_features,
+    position_features,
+    rgb_difference,
     sobel_magnitude,
+    threshold_features,
     split_by_orientation,
 )
 from sklearn_margcrf.sample import CRFSample, labels_to_grid, marginals_to_image
@@ -227,6 +230,17 @@ def test_sobel_magnitude_scale_and_thresholds():
     np.testing.assert_array_equal(ef[horizontal, 1:11].sum(axis=1), 1)
     assert not ef[~horizontal, 22:32].any()  # rows are equal: no vertical difference
 
+
+
+def test_position_threshold_and_rgb_difference_columns_by_hand():
+    positions = position_features((2, 4))
+    np.testing.assert_array_equal(positions[1, 2], [0.75, 0.625])  # ((1 + .5) / 2, (2 + .5) / 4)
+    np.testing.assert_array_equal(positions[..., 0], [[0.25] * 4, [0.75] * 4])
+    np.testing.assert_array_equal(threshold_features([0.1, 0.3, 0.2], [0.2, 0.05]), [[0, 1], [1, 1], [0, 1]])
+    image = np.zeros((1, 3, 3))
+    image[0, 1] = [0.3, 0.4, 0.0]  # 0.5 from both neighbours
+    image[0, 2] = [0.3, 0.4, 1.0]
+    np.testing.assert_allclose(rgb_difference(image, np.array([[0, 1], [1, 2], [2, 0]])), [0.5, 1.0, np.sqrt(1.25)])
 
 def test_split_by_orientation():
     base = np.arange(1.0, 1 + 7 * 2).reshape(7, 2)  # grid 2 x 3: 4 horizontal, 3 vertical
