@@ -78,10 +78,11 @@ class Model:
 
 
 @st.composite
-def models(draw, kinds=GRAPH_KINDS, n_states=st.integers(2, 5), log10_scale=st.floats(-2.0, 3.0), max_size=4):
+def models(draw, kinds=GRAPH_KINDS, n_states=st.integers(2, 5), log10_scale=st.floats(-2.0, 3.0), max_size=4,
+           pairwise_ratios=(1.0, 0.1, 10.0)):
     """A random model: a graph of one of ``kinds``, K states, unary parameters
-    uniform in ``[-scale, scale]``, pairwise ones in the same range or ten
-    times wider or narrower, and labels, some of them hidden."""
+    uniform in ``[-scale, scale]``, pairwise ones in that range times one of
+    ``pairwise_ratios``, and labels, some of them hidden."""
     kind = draw(st.sampled_from(kinds))
     size = draw(st.integers(1, max_size))
     k = draw(n_states)
@@ -89,7 +90,7 @@ def models(draw, kinds=GRAPH_KINDS, n_states=st.integers(2, 5), log10_scale=st.f
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n_nodes, edges = make_graph(kind, size, rng)
     # the pairwise part at the same scale, or stronger or weaker than the unary one
-    pairwise_scale = scale * draw(st.sampled_from((1.0, 0.1, 10.0)))
+    pairwise_scale = scale * draw(st.sampled_from(pairwise_ratios))
     unary = rng.uniform(-scale, scale, size=(n_nodes, k))
     pairwise = rng.uniform(-pairwise_scale, pairwise_scale, size=(edges.shape[0], k, k))
     labels = rng.integers(0, k, size=n_nodes)
