@@ -60,16 +60,23 @@ def _exact_log_partition(model):
     method=st.sampled_from(("trw", "lbp", "mean_field", "exact")),
     n_iter=st.sampled_from((None, 0, 1, 7)),
     rho=st.sampled_from(RHO_CHOICES),
+    tol=st.sampled_from((1e-1, 1e-6, 1e-12)),
+    max_iter=st.sampled_from((1, 3, 1000)),
 )
-def test_infer_is_finite_and_normalised(model, method, n_iter, rho):
+def test_infer_is_finite_and_normalised(model, method, n_iter, rho, tol, max_iter):
     kwargs = {}
     if method == "trw":
         kwargs["rho"] = _rho(rho, model)
     if method != "exact":
-        kwargs["n_iter"] = n_iter
+        kwargs.update(n_iter=n_iter, tol=tol, max_iter=max_iter)
     result, _ = _run(infer, model.edges, model.unary, model.pairwise, method=method, **kwargs)
     _assert_normalised(result)
-    assert result.converged or method != "exact"
+    if method == "exact":
+        assert result.converged and result.n_iter == 0
+    elif n_iter is not None:
+        assert result.n_iter == n_iter
+    else:
+        assert 1 <= result.n_iter <= max_iter and (result.converged or result.n_iter == max_iter)
 
 
 @given(model=models(), rho=st.sampled_from(RHO_CHOICES), method=st.sampled_from(("trw", "lbp")))
