@@ -217,7 +217,10 @@ ESTIMATOR_KEYWORDS = [
 ]
 
 
-@pytest.mark.parametrize("params, kwargs", ESTIMATOR_KEYWORDS)
+@pytest.mark.parametrize(
+    "params, kwargs", ESTIMATOR_KEYWORDS,
+    ids=["independent", "rho", "alpha", "sides4-multiplier", "sides1-multiplier", "tol-inference_max_iter"],
+)
 def test_estimator_objective_and_step_use_its_keywords(params, kwargs):
     X, y = make_structured_data(n_samples=2, shape=(3, 3), n_states=3)
     with warnings.catch_warnings():
@@ -278,6 +281,7 @@ def test_lbfgs_tol_stops_the_fit_at_that_gradient():
         (dict(inference="mean_field", loss="pseudolikelihood", n_iter=3, tol=1e-9, inference_max_iter=2),
          dict(method="mean_field", tol=1e-9, max_iter=2)),  # fit without inference: predict runs to tol
     ],
+    ids=["trw-rho-n_iter", "lbp-tol", "mean_field-inference_max_iter"],
 )
 def test_predict_proba_is_inference_with_the_estimator_keywords(params, kwargs):
     X, y = make_structured_data(n_samples=2, shape=(3, 3), n_states=3)
