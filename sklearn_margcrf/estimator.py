@@ -27,12 +27,13 @@ from sklearn.utils._param_validation import Interval, Options, StrOptions
 from sklearn.utils.validation import check_is_fitted, check_random_state
 from threadpoolctl import threadpool_limits
 
+from . import __version__
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._objective import CRFObjective
 from ._parallel import ImageBatches
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
-from .exceptions import BackpropFallbackWarning
+from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning
 from .gradients import (
     GRADIENT_MODES,
     INFERENCE_FREE_LOSSES,
@@ -415,6 +416,23 @@ class MarginalCRF(BaseEstimator):
         self.callback = callback
 
     # -- scikit-learn plumbing ------------------------------------------------
+
+    def __getstate__(self):
+        # a pickle records the package version, as scikit-learn's estimators
+        # record scikit-learn's (sklearn.base.BaseEstimator.__getstate__)
+        return dict(super().__getstate__(), _sklearn_margcrf_version=__version__)
+
+    def __setstate__(self, state):
+        state = dict(state)
+        version = state.pop("_sklearn_margcrf_version", None)
+        if version != __version__:
+            warnings.warn(
+                InconsistentVersionWarning(
+                    estimator_name=type(self).__name__, current_version=__version__, original_version=version
+                ),
+                stacklevel=2,
+            )
+        super().__setstate__(state)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

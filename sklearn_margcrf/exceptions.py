@@ -1,6 +1,8 @@
 """Exceptions and warnings of sklearn_margcrf."""
 
-__all__ = ["BackpropDivergenceError", "BackpropFallbackWarning"]
+from sklearn.exceptions import InconsistentVersionWarning as _SklearnInconsistentVersionWarning
+
+__all__ = ["BackpropDivergenceError", "BackpropFallbackWarning", "InconsistentVersionWarning"]
 
 
 class BackpropDivergenceError(RuntimeError):
@@ -19,3 +21,36 @@ class BackpropFallbackWarning(RuntimeWarning):
     gradient was then computed by back TRW / back mean field through exactly
     the iterations inference ran (the exact gradient of the reported loss).
     """
+
+
+class InconsistentVersionWarning(_SklearnInconsistentVersionWarning):
+    """An estimator is unpickled under another sklearn_margcrf version than
+    the one that pickled it.
+
+    A subclass of scikit-learn's own warning, so one filter on
+    :class:`sklearn.exceptions.InconsistentVersionWarning` covers both
+    packages.
+
+    Parameters
+    ----------
+    estimator_name : str
+    current_version : str
+        ``sklearn_margcrf.__version__`` now.
+    original_version : str or None
+        The version that pickled the estimator (None: not recorded, from
+        before versions were recorded).
+    """
+
+    def __init__(self, *, estimator_name, current_version, original_version):
+        Warning.__init__(self)
+        self.estimator_name = estimator_name
+        self.current_version = current_version
+        self.original_version = original_version
+
+    def __str__(self):
+        original = "an unrecorded version" if self.original_version is None else f"version {self.original_version}"
+        return (
+            f"Trying to unpickle estimator {self.estimator_name} from sklearn_margcrf {original} when using "
+            f"version {self.current_version}. This might lead to breaking code or invalid results; refit the "
+            "model under this version, or install the version it was made with."
+        )

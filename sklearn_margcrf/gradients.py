@@ -415,7 +415,8 @@ def loss_and_grad(
     gradient_mode : {"truncated", "backprop", "perturbation", "implicit"}, default="truncated"
         See the module docstring. Combinations that do not apply (implicit
         with mean field; truncated or backprop with exact inference) raise
-        ValueError.
+        ValueError, and so does ``"implicit"`` when parameters so large that
+        the marginals saturate (entries of 0) make its linear system singular.
     n_iter : int, default=20
         Iterations of truncated fitting (``gradient_mode="truncated"`` only;
         the other modes run inference to ``tol``).

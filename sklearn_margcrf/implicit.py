@@ -20,9 +20,11 @@ for all but the last b (that row is implied by the others), so B has full row
 rank.
 """
 
+import warnings
+
 import numpy as np
 from scipy import sparse
-from scipy.sparse.linalg import spsolve
+from scipy.sparse.linalg import MatrixRankWarning, spsolve
 
 from .entropy import TINY
 
@@ -81,8 +83,15 @@ def implicit_gradient(edges, unary_marginals, pairwise_marginals, rho, grad_unar
     D = sparse.diags(np.concatenate([d_unary.ravel(), d_pairwise.ravel()]))
     kkt = sparse.bmat([[D, B.T], [B, None]], format="csc")
     rhs = np.concatenate([grad_unary_marginals.ravel(), grad_pairwise_marginals.ravel(), np.zeros(B.shape[0])])
-    solution = spsolve(kkt, rhs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MatrixRankWarning)  # the error below says it better
+        solution = spsolve(kkt, rhs)
     if not np.all(np.isfinite(solution)):
-        raise FloatingPointError("the KKT system of implicit differentiation is singular at these marginals")
+        smallest = min(unary_marginals.min(initial=1.0), pairwise_marginals.min(initial=1.0))
+        raise ValueError(
+            "gradient_mode='implicit': the KKT system of implicit differentiation is numerically singular at "
+            f"these marginals (the smallest is {smallest:.3g}): parameters this large saturate the marginals; "
+            "use gradient_mode='truncated' or 'backprop', or smaller parameters (e.g. a larger reg)"
+        )
     v = -solution[: n_nodes * K + n_edges * K * K]
     return v[: n_nodes * K].reshape(n_nodes, K), v[n_nodes * K :].reshape(n_edges, K, K)

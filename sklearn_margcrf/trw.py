@@ -72,7 +72,8 @@ Numerical stability
   backward pass accumulates no adjoint for it (exact for the floored forward,
   and it keeps the adjoints finite). Step 8(b) forms ``nu / m = g - g . m``
   directly (``backnorm_ratio``) and step 8(c) is evaluated as
-  ``(A tab) * (nu / m / Z)``, which stays finite because ``A tab <= Z``.
+  ``((A tab) / Z) * (nu / m)``: ``(A tab) / Z <= m`` keeps it within ``|nu|``,
+  whereas ``nu / m / Z`` alone overflows when ``m`` and ``Z`` are both tiny.
 - Limitation: a message entry smaller than ``1e-300`` cannot be represented,
   so when parameter differences exceed roughly ``690 rho`` the floor can shift
   the marginals away from the exact TRW fixed point (they stay finite and
@@ -601,12 +602,14 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
             h[x] = zero
         # (loops ordered x_v outer, x_u inner: K independent sums for h)
         if z > tiny and z < huge:
-            # val = (A tab) (nu / m_ci / Z); A tab <= Z keeps it finite
+            # val = ((A tab) / Z) (nu / m_ci): (A tab) / Z <= m_ci keeps it
+            # within |nu|, whereas nu / m_ci / Z alone overflows when m_ci and
+            # Z are both tiny
             inv = one / z
             for xv in range(K):
-                b = rv[xv] * inv
+                b = rv[xv]
                 for xu in range(K):
-                    val = cav[xu] * tabs[st, xu, xv] * b
+                    val = cav[xu] * tabs[st, xu, xv] * inv * b
                     g_p[c, xu * su + xv * sv] += val  # (c)
                     h[xu] += val
         else:

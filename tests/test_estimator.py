@@ -137,6 +137,16 @@ def test_independent_model_is_multinomial_logistic_regression():
     assert np.all(estimator.pairwise_coef_ == 0)
 
 
+def test_independent_surrogate_likelihood_is_the_logistic_loss():
+    # With no edges the surrogate likelihood is the exact likelihood, i.e. the
+    # univariate logistic loss: both routes must find the same weights.
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    params = dict(inference="independent", max_iter=200, lbfgs_tol=1e-9, init="zeros")
+    logistic = MarginalCRF(**params).fit(X, y)
+    surrogate = MarginalCRF(loss="surrogate_likelihood", **params).fit(X, y)
+    np.testing.assert_allclose(surrogate.unary_coef_, logistic.unary_coef_, atol=1e-5)
+
+
 def test_fitted_attributes():
     X, y = make_structured_data(n_states=3)
     estimator = fit_quietly(MarginalCRF(**FAST), X, y)
@@ -158,15 +168,19 @@ def test_init_independent_starts_better_than_zeros():
     assert independent.loss_curve_[0] < zeros.loss_curve_[0]
 
 
+def _stages_seen(estimator, X, y):
+    """(stage, n_iter) of every L-BFGS iteration of a fit, from its callback."""
+    seen = []
+    fit_quietly(estimator.set_params(callback=lambda progress: seen.append((progress.stage, progress.n_iter))), X, y)
+    return seen
+
+
 def test_smooth_classification_starts_from_surrogate_likelihood():
     X, y = make_structured_data()
-    stages = []
-    params = dict(loss="smooth_classification", n_iter=2, max_iter=2, callback=lambda p: stages.append(p.stage))
-    fit_quietly(MarginalCRF(**params), X, y)
-    assert list(dict.fromkeys(stages)) == ["independent", "surrogate_likelihood", "fit"]
-    stages.clear()
-    fit_quietly(MarginalCRF(init="zeros", **params), X, y)
-    assert set(stages) == {"fit"}
+    seen = _stages_seen(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2), X, y)
+    assert [stage for stage, n_iter in seen if n_iter == 1] == ["independent", "surrogate_likelihood", "fit"]
+    seen = _stages_seen(MarginalCRF(loss="smooth_classification", n_iter=2, max_iter=2, init="zeros"), X, y)
+    assert {stage for stage, _ in seen} == {"fit"}
 
 
 def test_convergence_warning_when_max_iter_is_reached():
@@ -240,21 +254,26 @@ def test_lbfgs_restarts_after_abnormal_line_search(monkeypatch):
 
 def test_incremental_schedule_doubles_images_and_halves_iterations():
     X, y = make_structured_data(n_samples=7)
-    estimator = MarginalCRF(incremental=2, max_iter=8, random_state=0)
-    stages = estimator._stages(len(X))
-    assert [len(indices) for indices, _ in stages] == [2, 4, 7]
-    assert [iterations for _, iterations in stages] == [8, 4, 2]
-    assert set(stages[0][0]) <= set(stages[1][0])
-    assert stages == MarginalCRF(incremental=2, max_iter=8, random_state=0)._stages(7)
-    seen = []
+    params = dict(incremental=2, max_iter=8, random_state=0, n_iter=2, init="zeros", lbfgs_tol=0.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        estimator.set_params(n_iter=2, init="zeros", callback=lambda p: seen.append(p.stage)).fit(X, y)
-    assert list(dict.fromkeys(seen)) == ["fit[2 images]", "fit[4 images]", "fit"]
+        estimator = MarginalCRF(**params)
+        seen = _stages_seen(estimator, X, y)
+    last = {}
+    for stage, n_iter in seen:
+        last[stage] = n_iter
+    assert list(last) == ["fit[2 images]", "fit[4 images]", "fit"]
+    assert last["fit[2 images]"] <= 8 and last["fit[4 images]"] <= 4 and last["fit"] <= 2
     # intermediate stages stop at their iteration cap without a warning
     assert not any("images]" in str(w.message) for w in caught)
-    assert estimator.n_iter_ == len(estimator.loss_curve_) <= 8 + 4 + 2
-    assert MarginalCRF(incremental=10)._stages(7) == [(list(range(7)), 200)]
+    assert estimator.n_iter_ == len(estimator.loss_curve_) == sum(last.values())
+    # the subsets are drawn from random_state
+    again = fit_quietly(MarginalCRF(**params), X, y)
+    assert again.loss_curve_ == estimator.loss_curve_
+    other = fit_quietly(MarginalCRF(**dict(params, random_state=2)), X, y)
+    assert other.loss_curve_[0] != estimator.loss_curve_[0]
+    # more images in the first stage than in X: one stage with all of them
+    assert {stage for stage, _ in _stages_seen(MarginalCRF(incremental=10, max_iter=2, n_iter=2), X, y)} == {"independent", "fit"}
 
 
 def test_verbose_reports_objective_gradient_and_time(capsys):

@@ -30,7 +30,10 @@ from sklearn_margcrf.features import (
     dense_hog,
     edge_orientation,
     fourier_features,
+    position_features,
+    rgb_difference,
     sobel_magnitude,
+    threshold_features,
     split_by_orientation,
 )
 from sklearn_margcrf.sample import CRFSample, labels_to_grid, marginals_to_image
@@ -228,6 +231,17 @@ def test_sobel_magnitude_scale_and_thresholds():
     assert not ef[~horizontal, 22:32].any()  # rows are equal: no vertical difference
 
 
+
+def test_position_threshold_and_rgb_difference_columns_by_hand():
+    positions = position_features((2, 4))
+    np.testing.assert_array_equal(positions[1, 2], [0.75, 0.625])  # ((1 + .5) / 2, (2 + .5) / 4)
+    np.testing.assert_array_equal(positions[..., 0], [[0.25] * 4, [0.75] * 4])
+    np.testing.assert_array_equal(threshold_features([0.1, 0.3, 0.2], [0.2, 0.05]), [[0, 1], [1, 1], [0, 1]])
+    image = np.zeros((1, 3, 3))
+    image[0, 1] = [0.3, 0.4, 0.0]  # 0.5 from both neighbours
+    image[0, 2] = [0.3, 0.4, 1.0]
+    np.testing.assert_allclose(rgb_difference(image, np.array([[0, 1], [1, 2], [2, 0]])), [0.5, 1.0, np.sqrt(1.25)])
+
 def test_split_by_orientation():
     base = np.arange(1.0, 1 + 7 * 2).reshape(7, 2)  # grid 2 x 3: 4 horizontal, 3 vertical
     out = split_by_orientation(base, (2, 3))
@@ -291,6 +305,23 @@ def test_scale_reduces_the_grid_and_keeps_the_image_shape():
     assert half.grid_shape == (12, 18) and half.image_shape == (25, 35)
     assert half.edge_features.shape == (len(grid_edges(12, 18)), 42)
 
+
+
+def test_marginals_are_upsampled_bilinearly_between_pixel_centres():
+    # a 2 x 2 grid to a 4 x 4 image: image pixel centres sit at grid
+    # coordinates -1/4, 1/4, 3/4, 5/4, so each axis interpolates with the
+    # weights below (clamped at the border), and the states' sum stays 1
+    grid = np.array([[1.0, 0.5], [0.25, 0.0]])
+    sample = CRFSample(np.zeros((4, 1)), np.zeros((0, 2), np.int64), np.zeros((0, 1)), grid_shape=(2, 2), image_shape=(4, 4))
+    image = marginals_to_image(np.stack([grid.ravel(), 1 - grid.ravel()], axis=1), sample)
+    weights = np.array([[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]])
+    expected = weights @ grid @ weights.T
+    assert expected[0, 1] == 0.875 and expected[3, 2] == 0.0625  # by hand: .75 + .25 * .5, .25 * .25
+    np.testing.assert_allclose(image[..., 0], expected, atol=1e-15)
+    np.testing.assert_allclose(image[..., 1], 1 - expected, atol=1e-15)
+    # labels at image size go back to the grid by the nearest pixel centre
+    labels = np.arange(16).reshape(4, 4)
+    np.testing.assert_array_equal(labels_to_grid(labels, sample), [5, 7, 13, 15])
 
 def test_scale_averages_unary_features():
     from skimage.transform import resize

@@ -4,7 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
-from reference import brute_force, joint_scores, random_model
+from reference import brute_force, chain_edges, joint_scores, random_model
 
 from sklearn_margcrf import grid_edges, infer, loss_and_grad
 from sklearn_margcrf.exceptions import BackpropDivergenceError, BackpropFallbackWarning
@@ -288,3 +288,31 @@ def test_fixed_point_backward_can_raise_instead_of_warning(kernel):
         backward(state, grad, None, mode="fixed_point", tol=1e-14, max_iter=1, on_divergence="raise")
     with pytest.warns(RuntimeWarning, match="did not converge"):
         backward(state, grad, None, mode="fixed_point", tol=1e-14, max_iter=1)
+
+
+@pytest.mark.parametrize("loss", ["clique_logistic", "univariate_logistic"])
+def test_truncated_trw_gradient_stays_finite_at_large_parameters(loss):
+    # |theta| ~ 190 on 8-node graphs: messages and the normalisers of their
+    # updates get tiny together, and back TRW used to overflow to NaN
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        pairs = [(i, j) for i in range(8) for j in range(i + 1, 8) if rng.random() < 0.35]
+        edges = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+        unary, pairwise = random_model(edges, 8, 3, rng, scale=190.0)
+        labels = rng.integers(0, 3, size=8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # messages at the floor
+            value, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, loss=loss, n_iter=10)
+        assert np.isfinite(value)
+        assert np.all(np.isfinite(grad_unary)) and np.all(np.isfinite(grad_pairwise))
+
+
+def test_implicit_gradient_at_saturated_marginals_is_refused_with_a_remedy():
+    # |theta| ~ 500 on a chain: marginals of 0 make the KKT system singular
+    edges = chain_edges(5)
+    unary, pairwise = random_model(edges, 5, 2, np.random.default_rng(0), scale=500.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # messages at the floor
+        with pytest.raises(ValueError, match="numerically singular.*use gradient_mode='truncated' or 'backprop'"):
+            loss_and_grad(edges, unary, pairwise, np.zeros(5, dtype=np.int64), loss="univariate_quadratic",
+                          gradient_mode="implicit", n_iter=None)
