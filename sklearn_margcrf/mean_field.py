@@ -3,10 +3,18 @@
 
 Model
 -----
-``edges`` (E, 2) int64, ``unary`` (n, K) and ``pairwise`` (E, K, K) float64
-with ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for ``edges[e] = (i, j)``
-(see ``sklearn_margcrf._graph``). Inputs are assumed validated by the
-caller; read-only arrays are accepted.
+``edges`` (E, 2) int64, ``unary`` (n, K) and ``pairwise`` (E, K, K) of one
+float dtype with ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for
+``edges[e] = (i, j)`` (see ``sklearn_margcrf._graph``). Inputs are assumed
+validated by the caller; read-only arrays are accepted.
+
+Precision
+---------
+Everything is computed in the dtype of ``unary``: float32 input gives float32
+marginals, snapshots and gradients (half the memory), anything else float64.
+The max shift keeps the marginals finite and normalised in either dtype for
+``|theta|`` up to 1e3 and far beyond (until the field of a node, a sum of
+``degree + 1`` parameters, overflows the dtype).
 
 Update and schedule
 -------------------
@@ -44,6 +52,15 @@ of ``L(mu after n_iter iterations)``. Because every node is updated once per
 iteration, the paper's stack of overwritten marginals is stored as per-
 iteration snapshots ``stack[t] = mu before iteration t`` of shape
 ``(n_iter, n, K)``.
+
+With ``checkpoints = s < n_iter`` (or ``checkpoints=None`` when the full
+stack exceeds ``STACK_MEMORY_BUDGET``) the forward pass keeps only ``s``
+snapshots, at the starts of ``s`` segments of iterations, in one buffer of
+``B(s)`` slots (:mod:`._checkpoints`); the backward pass reverses the segments
+last to first, recomputing each segment's missing snapshots from its first
+one into the slots after it. The recomputed iterations are the same
+floating-point operations as the forward ones, so the gradient equals the
+full-stack gradient bit for bit.
 
 ``mode="fixed_point"`` differentiates the converged marginals (the paper's
 "back-propagation" variant): the marginals are held at their converged values
@@ -339,18 +356,18 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, edges, unary, pairwise, mu,
 # forwards on the target machine once they leave the cache. In the relabelled
 # graph the paper's reverse order j = n-1..0 is simply r = 0..n-1.
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                      g_unary, g_pairwise, nu, stack_rev, t, restore):
+                      g_unary, g_pairwise, nu, stack_rev, t, restore, k_states):
     """One reverse iteration t of Algorithm "Back Mean Field", step 5.
 
     All arrays are in the reversed labelling. On entry ``mu`` holds the
     marginals as they were at the end of iteration t and ``gmu`` the adjoints
     dL/dmu of those versions. With ``restore`` the overwritten marginals are
     pulled from ``stack_rev[t]`` (truncated mode); without it they are held
-    fixed (fixed-point mode).
+    fixed (fixed-point mode). ``k_states`` as in :func:`_update_node`.
     """
-    n, k_states = mu.shape
+    n = mu.shape[0]
     zero = mu.dtype.type(0)
     for j in range(n):  # = original nodes n-1, n-2, ..., 0
         # 5(a): nu_j = backnorm(dL/dmu_j, mu_j)
@@ -399,11 +416,16 @@ def _mf_reverse_segment(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
     """Step 5 for the ``n_sweeps`` iterations whose starting marginals are
     ``stack_rev[0 .. n_sweeps-1]``, last to first; ``mu`` ends as
     ``stack_rev[0]`` (reversed labelling)."""
-    nu = np.empty(mu.shape[1], dtype=mu.dtype)
+    k_states = mu.shape[1]
+    nu = np.empty(k_states, dtype=mu.dtype)
     for tt in range(n_sweeps):
         t = n_sweeps - 1 - tt
-        _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                          g_unary, g_pairwise, nu, stack_rev, t, True)
+        if k_states == 2:  # the same body, unrolled for K = 2
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, stack_rev, t, True, 2)
+        else:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, stack_rev, t, True, k_states)
 
 
 @njit(cache=True, nogil=True)
@@ -433,7 +455,7 @@ def _mf_backward_fixed_point(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
     sweeps = 0
     for s in range(max_iter):
         _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                          g_unary, g_pairwise, nu, no_stack, 0, False)
+                          g_unary, g_pairwise, nu, no_stack, 0, False, k_states)
         sweeps = s + 1
         largest = mu.dtype.type(0)
         for i in range(n):
