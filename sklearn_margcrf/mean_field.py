@@ -454,8 +454,12 @@ def _mf_backward_fixed_point(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
     largest = mu.dtype.type(np.inf)
     sweeps = 0
     for s in range(max_iter):
-        _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                          g_unary, g_pairwise, nu, no_stack, 0, False, k_states)
+        if k_states == 2:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, no_stack, 0, False, 2)
+        else:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, no_stack, 0, False, k_states)
         sweeps = s + 1
         largest = mu.dtype.type(0)
         for i in range(n):
