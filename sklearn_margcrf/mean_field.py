@@ -173,6 +173,13 @@ class MeanFieldState:
             self._pairwise_marginals = _outer_marginals(self.edges, self.unary_marginals)
         return self._pairwise_marginals
 
+    def _sweeps(self, mu, n_sweeps, stack_rev, save_at):
+        """Recompute ``n_sweeps`` forward iterations of this model from ``mu``
+        (in place), keeping the snapshots ``save_at`` in ``stack_rev``."""
+        inc = self.incidence
+        _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self.edges, self.unary, self.pairwise,
+                           mu, n_sweeps, self.tol, False, stack_rev, save_at)
+
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
         (node j -> n-1-j, edge e -> E-1-e), built once and cached."""
@@ -574,43 +581,46 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
 
     no_stack = np.empty((0, n_nodes, n_states), dtype=dtype)
     no_saves = _saves(0)
-    stack, starts = None, None
+
+    def run_planned(n_sweeps):
+        """``n_sweeps`` iterations from ``mu``, keeping the snapshots that
+        ``segment_plan`` chooses: (stack, starts, done, change)."""
+        if n_sweeps == 0:
+            return no_stack, no_saves, 0, np.inf
+        n_slots, starts = segment_plan(n_sweeps, checkpoints, snapshot_bytes, budget)
+        stack = np.empty((n_slots, n_nodes, n_states), dtype=dtype)
+        return (stack, starts) + run(n_sweeps, False, stack, starts)
+
+    stack = starts = None
     if not keep_stack:
         done, change = run(max_iter if n_iter is None else n_iter, n_iter is None, no_stack,
                            no_saves)
+    elif n_iter is not None:
+        stack, starts, done, change = run_planned(n_iter)
     else:
-        if n_iter is None:
-            # Unknown length: run in growing chunks, each with its own snapshots,
-            # while every snapshot is to be kept and fits the budget ...
-            chunks, done, chunk, change = [], 0, 16, np.inf
-            while done < max_iter and checkpoints is None:
-                size = min(chunk, max_iter - done)
-                if (done + size) * snapshot_bytes > budget:
-                    break
-                buf = np.empty((size, n_nodes, n_states), dtype=dtype)
-                ran, change = run(size, True, buf, _saves(size))
-                chunks.append(buf[:ran])
-                done += ran
-                if change < tol:
-                    break
-                chunk *= 2
-            if done == max_iter or change < tol:
-                stack = np.concatenate(chunks, axis=0) if chunks else no_stack
-                starts = _saves(done)
-            else:
-                # ... otherwise find the length first, then keep the planned snapshots.
-                del chunks
-                ran, change = run(max_iter - done, True, no_stack, no_saves)
-                n_iter = done + ran
-                mu[...] = initial
-        if stack is None:
-            if n_iter == 0:
-                stack, starts = no_stack, no_saves
-                done, change = 0, np.inf
-            else:
-                n_slots, starts = segment_plan(n_iter, checkpoints, snapshot_bytes, budget)
-                stack = np.empty((n_slots, n_nodes, n_states), dtype=dtype)
-                done, change = run(n_iter, False, stack, starts)
+        # Unknown length: run in growing chunks, each with its own snapshots,
+        # while every snapshot is to be kept and fits the budget ...
+        chunks, done, chunk, change = [], 0, 16, np.inf
+        while done < max_iter and checkpoints is None:
+            size = min(chunk, max_iter - done)
+            if (done + size) * snapshot_bytes > budget:
+                break
+            buf = np.empty((size, n_nodes, n_states), dtype=dtype)
+            ran, change = run(size, True, buf, _saves(size))
+            chunks.append(buf[:ran])
+            done += ran
+            if change < tol:
+                break
+            chunk *= 2
+        if done == max_iter or change < tol:
+            stack = np.concatenate(chunks, axis=0) if chunks else no_stack
+            starts = _saves(done)
+        else:
+            # ... otherwise find the length first, then keep the planned snapshots.
+            del chunks
+            ran, change = run(max_iter - done, True, no_stack, no_saves)
+            mu[...] = initial
+            stack, starts, done, change = run_planned(done + ran)
     converged = bool(change < tol)
     return MeanFieldState(edges, unary, pairwise, inc, mu, initial, done, converged, change,
                           stack, starts, tol)
@@ -631,26 +641,19 @@ def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
     """Algorithm "Back Mean Field", step 5 over all ``state.n_iter`` iterations
     and the initialisation, segment by segment (reversed labelling, in place)."""
     edges_r, pairwise_r, inc_r = state._reversed()
-    buffer, starts, n_iter = state._stack_rev, state.segment_starts, state.n_iter
-    if n_iter and state.checkpointed:
-        inc = state.incidence
-
-        def forward(mu, n_sweeps, stack_rev, save_at):
-            _mf_forward_kernel(inc.ptr, inc.edge, inc.side, state.edges, state.unary,
-                               state.pairwise, mu, n_sweeps, state.tol, False, stack_rev, save_at)
-
+    buffer, n_iter, recompute = state._stack_rev, state.n_iter, state.checkpointed
+    if recompute:
         if state._buffer_reused:  # a previous backward overwrote snapshots 1..: plan them again
-            forward(state.initial_marginals.copy(), n_iter, buffer, starts)
+            state._sweeps(state.initial_marginals.copy(), n_iter, buffer, state.segment_starts)
         state._buffer_reused = True
-        ends = np.append(starts[1:], n_iter)
-        segments = [(k, int(b - a)) for k, (a, b) in enumerate(zip(starts, ends))]
+        segments = list(enumerate(np.diff(state.segment_starts, append=n_iter)))
     else:
-        forward, segments = None, [(0, n_iter)] if n_iter else []
+        segments = [(0, n_iter)] if n_iter else []
     for k, length in reversed(segments):
-        if forward is not None and length > 1:
+        if recompute and length > 1:
             # the segment's missing snapshots, from its first one, into slots k+1..k+length-1
             mu = np.ascontiguousarray(buffer[k, ::-1])
-            forward(mu, length - 1, buffer[k + 1:k + length], _saves(length)[1:])
+            state._sweeps(mu, length - 1, buffer[k + 1:k + length], _saves(length)[1:])
         _mf_reverse_segment(inc_r.ptr, inc_r.edge, inc_r.side, edges_r, pairwise_r, mu_r, gmu_r,
                             g_unary_r, g_pairwise_r, buffer[k:k + length], length)
     _mf_backward_initialisation(mu_r, gmu_r, g_unary_r)
