@@ -677,7 +677,8 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
         ``n_iter == 0``). With checkpoints the missing snapshots are
         recomputed, segment by segment, into the state's buffer (a second
         backward on the same state first re-runs the forward pass to restore
-        the planned snapshots). ``"fixed_point"``: gradient of the loss at
+        the planned snapshots; so two threads must not run truncated
+        backward passes of one checkpointed state at the same time). ``"fixed_point"``: gradient of the loss at
         the converged marginals (implicit differentiation by repeated reverse
         sweeps at the fixed point).
     tol : float
