@@ -56,7 +56,7 @@ iteration snapshots ``stack[t] = mu before iteration t`` of shape
 With ``checkpoints = s < n_iter`` (or ``checkpoints=None`` when the full
 stack exceeds ``STACK_MEMORY_BUDGET``) the forward pass keeps only ``s``
 snapshots, at the starts of ``s`` segments of iterations, in one buffer of
-``B(s)`` slots (:mod:`._checkpoints`); the backward pass reverses the segments
+``B(s)`` slots (``sklearn_margcrf._checkpoints``); the backward pass reverses the segments
 last to first, recomputing each segment's missing snapshots from its first
 one into the slots after it. The recomputed iterations are the same
 floating-point operations as the forward ones, so the gradient equals the
@@ -539,7 +539,7 @@ def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1
         ``mean_field_backward(mode="truncated")``.
     checkpoints : int >= 1 or None
         With ``keep_stack``: keep only this many snapshots (at the starts of
-        as many segments of iterations, see :mod:`._checkpoints`); the
+        as many segments of iterations, see ``sklearn_margcrf._checkpoints``); the
         backward pass recomputes the others. ``None`` keeps every iteration
         while that fits ``STACK_MEMORY_BUDGET`` and as many as fit otherwise.
         With ``n_iter=None`` and fewer snapshots than iterations, the forward
