@@ -216,6 +216,7 @@ def test_checkpointed_backward_leaves_fixed_point_mode_intact():
 
 # --------------------------------------------------------------------------- GIL
 
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="no kernels without the JIT")
 def test_every_kernel_releases_the_gil():
     kernels = [value for value in vars(mean_field).values()
                if isinstance(value, numba.core.registry.CPUDispatcher)
