@@ -3,10 +3,18 @@
 
 Model
 -----
-``edges`` (E, 2) int64, ``unary`` (n, K) and ``pairwise`` (E, K, K) float64
-with ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for ``edges[e] = (i, j)``
-(see ``sklearn_margcrf._graph``). Inputs are assumed validated by the
-caller; read-only arrays are accepted.
+``edges`` (E, 2) int64, ``unary`` (n, K) and ``pairwise`` (E, K, K) of one
+float dtype with ``pairwise[e, a, b] = theta(x_i = a, x_j = b)`` for
+``edges[e] = (i, j)`` (see ``sklearn_margcrf._graph``). Inputs are assumed
+validated by the caller; read-only arrays are accepted.
+
+Precision
+---------
+Everything is computed in the dtype of ``unary``: float32 input gives float32
+marginals, snapshots and gradients (half the memory), anything else float64.
+The max shift keeps the marginals finite and normalised in either dtype for
+``|theta|`` up to 1e3 and far beyond (until the field of a node, a sum of
+``degree + 1`` parameters, overflows the dtype).
 
 Update and schedule
 -------------------
@@ -45,6 +53,15 @@ iteration, the paper's stack of overwritten marginals is stored as per-
 iteration snapshots ``stack[t] = mu before iteration t`` of shape
 ``(n_iter, n, K)``.
 
+With ``checkpoints = s < n_iter`` (or ``checkpoints=None`` when the full
+stack exceeds ``STACK_MEMORY_BUDGET``) the forward pass keeps only ``s``
+snapshots, at the starts of ``s`` segments of iterations, in one buffer of
+``B(s)`` slots (``sklearn_margcrf._checkpoints``); the backward pass reverses the segments
+last to first, recomputing each segment's missing snapshots from its first
+one into the slots after it. The recomputed iterations are the same
+floating-point operations as the forward ones, so the gradient equals the
+full-stack gradient bit for bit.
+
 ``mode="fixed_point"`` differentiates the converged marginals (the paper's
 "back-propagation" variant): the marginals are held at their converged values
 and reverse sweeps of the same algorithm are repeated until every adjoint
@@ -57,11 +74,10 @@ import numpy as np
 from numba import njit
 
 from ._backnorm import backnorm
+from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, segment_plan
 from ._graph import check_n_iter, check_positive, incidence
 from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
-
-_ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
 
 __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
 
@@ -69,10 +85,13 @@ __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
 class MeanFieldState:
     """Result of :func:`mean_field_forward` and what the backward pass needs.
 
+    Every float array is in the compute dtype, that of ``unary`` (float32 or
+    float64).
+
     Attributes
     ----------
-    unary_marginals : (n, K) float64
-    pairwise_marginals : (E, K, K) float64
+    unary_marginals : (n, K)
+    pairwise_marginals : (E, K, K)
         Outer products ``mu_i mu_j^T`` (computed lazily, then cached).
     n_iter : int
         Number of iterations (sweeps over all nodes) that were run.
@@ -81,20 +100,35 @@ class MeanFieldState:
     last_change : float
         Largest absolute change of a unary marginal in the last iteration
         (``inf`` if no iteration was run).
-    stack : (n_iter, n, K) float64 or None
+    stack : (n_iter, n, K) or None
         ``stack[t]`` holds the marginals before iteration ``t`` (only with
         ``keep_stack=True``). A read-only-by-convention view of the stored
         snapshots, which are kept with the node axis reversed for the backward.
+        Complete only without checkpointing: when the forward kept fewer
+        snapshots than iterations (``checkpointed``), accessing it raises
+        ``ValueError``; the kept ones are ``stack_buffer[k, ::-1]`` for the
+        iterations ``segment_starts[k]``.
+    segment_starts : (s,) int64 or None
+        With ``keep_stack=True``: the iterations whose starting marginals the
+        forward kept, snapshot ``k`` before iteration ``segment_starts[k]``
+        (``arange(n_iter)`` without checkpointing).
+    stack_buffer : (n_slots, n, K) or None
+        The one buffer holding the snapshots (node axis reversed), snapshot
+        ``k`` in slot ``k``; with checkpointing it has
+        ``_checkpoints.buffer_slots(n_iter, s)`` slots, the later ones being
+        the backward pass's room for recomputed snapshots.
+    checkpointed : bool
+        Whether the forward kept fewer snapshots than iterations.
     edges, unary, pairwise :
         The model (references to the caller's arrays, not copies).
-    initial_marginals : (n, K) float64
+    initial_marginals : (n, K)
         ``softmax(unary)``, the starting point.
     tol : float
         The forward tolerance.
     """
 
     def __init__(self, edges, unary, pairwise, inc, unary_marginals, initial_marginals,
-                 n_iter, converged, last_change, stack_rev, tol):
+                 n_iter, converged, last_change, stack_rev, segment_starts, tol):
         self.edges = edges
         self.unary = unary
         self.pairwise = pairwise
@@ -105,20 +139,46 @@ class MeanFieldState:
         self.converged = bool(converged)
         self.last_change = float(last_change)
         self.tol = float(tol)
-        self._stack_rev = stack_rev  # (n_iter, n, K), node axis reversed
+        self._stack_rev = stack_rev  # (n_slots, n, K), node axis reversed
+        self.segment_starts = segment_starts
+        # whether a checkpointed backward has overwritten snapshots 1.. with recomputed ones
+        self._buffer_reused = False
         self._pairwise_marginals = None
         self._reversed_model = None
 
     @property
+    def checkpointed(self):
+        return self.segment_starts is not None and self.segment_starts.shape[0] < self.n_iter
+
+    @property
+    def stack_buffer(self):
+        return self._stack_rev
+
+    @property
     def stack(self):
         """(n_iter, n, K) view: ``stack[t]`` = the marginals before iteration t."""
-        return None if self._stack_rev is None else self._stack_rev[:, ::-1, :]
+        if self._stack_rev is None:
+            return None
+        if self.checkpointed:
+            raise ValueError(
+                f"the stack is incomplete: the forward pass kept {self.segment_starts.shape[0]} "
+                f"snapshots (checkpoints) of its {self.n_iter} iterations, those before the "
+                f"iterations in segment_starts; run mean_field_forward with checkpoints=None "
+                f"(or >= n_iter) for every snapshot")
+        return self._stack_rev[:, ::-1, :]
 
     @property
     def pairwise_marginals(self):
         if self._pairwise_marginals is None:
             self._pairwise_marginals = _outer_marginals(self.edges, self.unary_marginals)
         return self._pairwise_marginals
+
+    def _sweeps(self, mu, n_sweeps, stack_rev, save_at):
+        """Recompute ``n_sweeps`` forward iterations of this model from ``mu``
+        (in place), keeping the snapshots ``save_at`` in ``stack_rev``."""
+        inc = self.incidence
+        _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self.edges, self.unary, self.pairwise,
+                           mu, n_sweeps, self.tol, False, stack_rev, save_at)
 
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
@@ -135,36 +195,49 @@ class MeanFieldState:
         return self.unary_marginals.shape[0]
 
     def __repr__(self):
+        if self._stack_rev is None:
+            stack = "no"
+        elif self.checkpointed:
+            stack = f"{self.segment_starts.shape[0]} checkpoints"
+        else:
+            stack = "yes"
         return (f"MeanFieldState(n_nodes={self.unary_marginals.shape[0]}, "
                 f"n_states={self.unary_marginals.shape[1]}, n_edges={self.edges.shape[0]}, "
                 f"n_iter={self.n_iter}, converged={self.converged}, "
-                f"stack={'yes' if self.stack is not None else 'no'})")
+                f"dtype={self.unary_marginals.dtype}, stack={stack})")
 
 
 # ---------------------------------------------------------------------------
 # numba kernels
+#
+# Every kernel computes in the dtype of its float arguments (float32 or
+# float64, one compiled specialisation each): scalars start from
+# ``dtype.type(0)`` / ``dtype.type(1)`` of an argument, never from a float
+# literal, which would promote the arithmetic to float64.
 # ---------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _softmax_rows(theta, out):
     """out[i] = softmax(theta[i]) with a max shift."""
     n, k_states = theta.shape
+    zero = out.dtype.type(0)
+    one = out.dtype.type(1)
     for i in range(n):
         m = theta[i, 0]
         for a in range(1, k_states):
             if theta[i, a] > m:
                 m = theta[i, a]
-        z = 0.0
+        z = zero
         for a in range(k_states):
             v = np.exp(theta[i, a] - m)
             out[i, a] = v
             z += v
-        inv = 1.0 / z
+        inv = one / z
         for a in range(k_states):
             out[i, a] *= inv
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _outer_kernel(edges, mu, out):
     k_states = mu.shape[1]
     for e in range(edges.shape[0]):
@@ -176,18 +249,21 @@ def _outer_kernel(edges, mu, out):
 
 
 def _outer_marginals(edges, mu):
-    out = np.empty((edges.shape[0], mu.shape[1], mu.shape[1]))
+    out = np.empty((edges.shape[0], mu.shape[1], mu.shape[1]), dtype=mu.dtype)
     if edges.shape[0]:
         _outer_kernel(edges, mu, out)
     return out
 
 
-@njit(cache=True)
-def _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field):
-    """Step 2(b) for node j, any K: mu(x_j) propto exp(theta(x_j)
+@njit(cache=True, nogil=True, inline="always")
+def _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field, k_states):
+    """Step 2(b) for node j: mu(x_j) propto exp(theta(x_j)
     + sum_{c: j in c} sum_{x_i} theta_c(x_j, x_i) mu(x_i)), max-shifted.
-    Writes mu[j] in place; returns max_a |new - old|."""
-    k_states = mu.shape[1]
+    Writes mu[j] in place; returns max_a |new - old|.
+
+    ``k_states`` is passed by the caller so that a constant (K = 2) compiles
+    this one body into fully unrolled code where it is inlined."""
+    zero = mu.dtype.type(0)
     for a in range(k_states):
         field[a] = unary[j, a]
     for k in range(ptr[j], ptr[j + 1]):
@@ -195,7 +271,7 @@ def _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field):
         if inc_side[k] == 0:  # edges[e] = (j, i): theta_e[x_j, x_i]
             i = edges[e, 1]
             for a in range(k_states):
-                acc = 0.0
+                acc = zero
                 for b in range(k_states):
                     acc += pairwise[e, a, b] * mu[i, b]
                 field[a] += acc
@@ -209,13 +285,13 @@ def _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field):
     for a in range(1, k_states):
         if field[a] > m:
             m = field[a]
-    z = 0.0
+    z = zero
     for a in range(k_states):
         v = np.exp(field[a] - m)
         field[a] = v
         z += v
-    inv = 1.0 / z
-    change = 0.0
+    inv = mu.dtype.type(1) / z
+    change = zero
     for a in range(k_states):
         new = field[a] * inv
         d = abs(new - mu[j, a])
@@ -225,79 +301,58 @@ def _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field):
     return change
 
 
-@njit(cache=True)
-def _update_node_k2(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu):
-    """:func:`_update_node` specialised to K = 2 (the field lives in registers;
-    about 1.5x faster on binary grids). Same arithmetic, same result."""
-    f0 = unary[j, 0]
-    f1 = unary[j, 1]
-    for k in range(ptr[j], ptr[j + 1]):
-        e = inc_edge[k]
-        if inc_side[k] == 0:
-            i = edges[e, 1]
-            m0 = mu[i, 0]
-            m1 = mu[i, 1]
-            f0 += pairwise[e, 0, 0] * m0 + pairwise[e, 0, 1] * m1
-            f1 += pairwise[e, 1, 0] * m0 + pairwise[e, 1, 1] * m1
-        else:
-            i = edges[e, 0]
-            m0 = mu[i, 0]
-            m1 = mu[i, 1]
-            f0 += pairwise[e, 0, 0] * m0 + pairwise[e, 1, 0] * m1
-            f1 += pairwise[e, 0, 1] * m0 + pairwise[e, 1, 1] * m1
-    m = f0 if f0 > f1 else f1
-    e0 = np.exp(f0 - m)
-    e1 = np.exp(f1 - m)
-    inv = 1.0 / (e0 + e1)
-    n0 = e0 * inv
-    n1 = e1 * inv
-    change = abs(n0 - mu[j, 0])
-    d = abs(n1 - mu[j, 1])
-    if d > change:
-        change = d
-    mu[j, 0] = n0
-    mu[j, 1] = n1
-    return change
+@njit(cache=True, nogil=True, inline="always")
+def _push_snapshot(mu, stack_rev, slot):
+    """Step 2(a) for all nodes of an iteration at once: ``stack_rev[slot, n-1-j] = mu_j``."""
+    n, k_states = mu.shape
+    for r in range(n):
+        for a in range(k_states):
+            stack_rev[slot, r, a] = mu[n - 1 - r, a]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mf_forward_kernel(ptr, inc_edge, inc_side, edges, unary, pairwise, mu,
-                       n_sweeps, tol, stop_on_tol, stack_rev):
+                       n_sweeps, tol, stop_on_tol, stack_rev, save_at):
     """Run up to ``n_sweeps`` sequential mean-field iterations on ``mu`` in place.
 
     Algorithm "Back Mean Field", step 2: for every iteration t and node
-    j = 0..n-1, (a) push mu_j -- here the whole snapshot of the marginals at
-    the start of iteration t, stored in reversed node order
-    ``stack_rev[t, n-1-j] = mu_j`` (only if ``stack_rev.shape[0] > 0``) so
-    that the reverse sweeps of the backward read it forwards in memory --
-    and (b) recompute mu_j from theta and the current neighbour marginals.
+    j = 0..n-1, (a) push mu_j and (b) recompute mu_j from theta and the
+    current neighbour marginals. The pushes of one iteration are kept as one
+    snapshot of the marginals at its start, and only for the iterations
+    listed in ``save_at`` (increasing; the value ``n_sweeps`` means the
+    marginals after the last iteration): snapshot ``s`` goes to
+    ``stack_rev[s]``, in reversed node order ``stack_rev[s, n-1-j] = mu_j`` so
+    that the reverse sweeps of the backward read it forwards in memory.
 
     Returns (iterations run, largest |change| of a marginal in the last one).
     """
     n, k_states = mu.shape
-    keep = stack_rev.shape[0] > 0
-    field = np.empty(k_states)
-    change = np.inf
+    field = np.empty(k_states, dtype=mu.dtype)
+    change = mu.dtype.type(np.inf)
+    n_saves = save_at.shape[0]
+    saved = 0
     done = 0
     for t in range(n_sweeps):
-        if keep:  # step 2(a), for all nodes of this iteration at once
-            for r in range(n):
-                for a in range(k_states):
-                    stack_rev[t, r, a] = mu[n - 1 - r, a]
-        change = 0.0
-        if k_states == 2:
-            for j in range(n):  # step 2(b)
-                d = _update_node_k2(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu)
+        if saved < n_saves and save_at[saved] == t:
+            _push_snapshot(mu, stack_rev, saved)
+            saved += 1
+        change = mu.dtype.type(0)
+        if k_states == 2:  # the same body, unrolled for K = 2
+            for j in range(n):
+                d = _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field, 2)
                 if d > change:
                     change = d
         else:
-            for j in range(n):  # step 2(b)
-                d = _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field)
+            for j in range(n):
+                d = _update_node(j, ptr, inc_edge, inc_side, edges, unary, pairwise, mu, field,
+                                 k_states)
                 if d > change:
                     change = d
         done = t + 1
         if stop_on_tol and change < tol:
             break
+    if saved < n_saves and save_at[saved] == done:
+        _push_snapshot(mu, stack_rev, saved)
     return done, change
 
 
@@ -308,18 +363,19 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, edges, unary, pairwise, mu,
 # forwards on the target machine once they leave the cache. In the relabelled
 # graph the paper's reverse order j = n-1..0 is simply r = 0..n-1.
 
-@njit(cache=True)
+@njit(cache=True, nogil=True, inline="always")
 def _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                      g_unary, g_pairwise, nu, stack_rev, t, restore):
+                      g_unary, g_pairwise, nu, stack_rev, t, restore, k_states):
     """One reverse iteration t of Algorithm "Back Mean Field", step 5.
 
     All arrays are in the reversed labelling. On entry ``mu`` holds the
     marginals as they were at the end of iteration t and ``gmu`` the adjoints
     dL/dmu of those versions. With ``restore`` the overwritten marginals are
     pulled from ``stack_rev[t]`` (truncated mode); without it they are held
-    fixed (fixed-point mode).
+    fixed (fixed-point mode). ``k_states`` as in :func:`_update_node`.
     """
-    n, k_states = mu.shape
+    n = mu.shape[0]
+    zero = mu.dtype.type(0)
     for j in range(n):  # = original nodes n-1, n-2, ..., 0
         # 5(a): nu_j = backnorm(dL/dmu_j, mu_j)
         backnorm(gmu[j], mu[j], nu)
@@ -337,7 +393,7 @@ def _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
                         g_pairwise[e, a, b] += na * mu[i, b]
                 # 5(d): dL/dmu(x_i) += sum_{x_j} nu(x_j) theta_c(x_j, x_i)
                 for b in range(k_states):
-                    acc = 0.0
+                    acc = zero
                     for a in range(k_states):
                         acc += nu[a] * pairwise[e, a, b]
                     gmu[i, b] += acc
@@ -345,7 +401,7 @@ def _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
                 i = edges[e, 0]
                 for b in range(k_states):
                     mib = mu[i, b]
-                    acc = 0.0
+                    acc = zero
                     for a in range(k_states):
                         # 5(c): dL/dtheta_c(x_i, x_j) += mu(x_i) nu(x_j)
                         g_pairwise[e, b, a] += mib * nu[a]
@@ -358,67 +414,82 @@ def _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
                 mu[j, a] = stack_rev[t, j, a]
         # 5(f): the adjoint of the (older) value now in mu_j starts at zero
         for a in range(k_states):
-            gmu[j, a] = 0.0
+            gmu[j, a] = zero
 
 
-@njit(cache=True)
-def _mf_backward_truncated(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                           g_unary, g_pairwise, stack_rev, n_sweeps):
-    """Step 5 for t = n_sweeps-1..0, then the initialisation.
-
-    ``mu`` ends as the initial marginals softmax(theta); the remaining adjoint
-    ``gmu = dL/dmu^(0)`` is pushed through the initialisation
-    ``mu^(0)_i = softmax(theta_i)``: dL/dtheta_i += backnorm(gmu_i, mu^(0)_i).
-    """
-    n, k_states = mu.shape
-    nu = np.empty(k_states)
+@njit(cache=True, nogil=True)
+def _mf_reverse_segment(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                        g_unary, g_pairwise, stack_rev, n_sweeps):
+    """Step 5 for the ``n_sweeps`` iterations whose starting marginals are
+    ``stack_rev[0 .. n_sweeps-1]``, last to first; ``mu`` ends as
+    ``stack_rev[0]`` (reversed labelling)."""
+    k_states = mu.shape[1]
+    nu = np.empty(k_states, dtype=mu.dtype)
     for tt in range(n_sweeps):
         t = n_sweeps - 1 - tt
-        _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                          g_unary, g_pairwise, nu, stack_rev, t, True)
+        if k_states == 2:  # the same body, unrolled for K = 2
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, stack_rev, t, True, 2)
+        else:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, stack_rev, t, True, k_states)
+
+
+@njit(cache=True, nogil=True)
+def _mf_backward_initialisation(mu, gmu, g_unary):
+    """The gradient through the initialisation ``mu^(0)_i = softmax(theta_i)``:
+    dL/dtheta_i += backnorm(dL/dmu^(0)_i, mu^(0)_i)."""
+    n, k_states = mu.shape
+    nu = np.empty(k_states, dtype=mu.dtype)
     for i in range(n):
         backnorm(gmu[i], mu[i], nu)
         for a in range(k_states):
             g_unary[i, a] += nu[a]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mf_backward_fixed_point(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                             g_unary, g_pairwise, tol, max_iter):
-    """Reverse sweeps at the fixed point until max |dL/dmu| < tol.
+                             g_unary, g_pairwise, tol, max_iter, blowup):
+    """Reverse sweeps at the fixed point until max |dL/dmu| < tol (or beyond
+    ``blowup``, a divergence).
 
     Returns (sweeps run, largest remaining adjoint).
     """
     n, k_states = mu.shape
-    nu = np.empty(k_states)
-    dummy = np.empty((0, 0, 0))
-    largest = np.inf
+    nu = np.empty(k_states, dtype=mu.dtype)
+    no_stack = np.empty((0, 0, 0), dtype=mu.dtype)
+    largest = mu.dtype.type(np.inf)
     sweeps = 0
     for s in range(max_iter):
-        _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
-                          g_unary, g_pairwise, nu, dummy, 0, False)
+        if k_states == 2:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, no_stack, 0, False, 2)
+        else:
+            _mf_reverse_sweep(ptr, inc_edge, inc_side, edges, pairwise, mu, gmu,
+                              g_unary, g_pairwise, nu, no_stack, 0, False, k_states)
         sweeps = s + 1
-        largest = 0.0
+        largest = mu.dtype.type(0)
         for i in range(n):
             for a in range(k_states):
                 v = abs(gmu[i, a])
                 if v > largest:
                     largest = v
-        if largest < tol or not largest < _ADJOINT_BLOWUP:
+        if largest < tol or not largest < blowup:
             break
     return sweeps, largest
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fold_pairwise(edges, mu, grad_pairwise_marginals, gmu):
     """Step 3 for clique marginals mu_c = mu_i (x) mu_j:
     dL/dmu_i += G mu_j and dL/dmu_j += G^T mu_i."""
     k_states = mu.shape[1]
+    zero = mu.dtype.type(0)
     for e in range(edges.shape[0]):
         i = edges[e, 0]
         j = edges[e, 1]
         for a in range(k_states):
-            acc = 0.0
+            acc = zero
             mia = mu[i, a]
             for b in range(k_states):
                 g = grad_pairwise_marginals[e, a, b]
@@ -431,19 +502,32 @@ def _fold_pairwise(edges, mu, grad_pairwise_marginals, gmu):
 # Python API
 # ---------------------------------------------------------------------------
 
-def _contiguous(a, dtype):
-    return np.ascontiguousarray(a, dtype=dtype)
+#: Fixed-point reverse sweeps have diverged once an adjoint exceeds this
+#: (per compute dtype: far from overflow, far above any converging adjoint).
+_ADJOINT_BLOWUP = {np.dtype(np.float32): 1e30, np.dtype(np.float64): 1e100}
+
+
+def _compute_dtype(unary):
+    """float32 for float32 ``unary``, float64 otherwise."""
+    return np.dtype(np.float32) if np.asarray(unary).dtype == np.float32 else np.dtype(np.float64)
+
+
+def _saves(n):
+    return np.arange(n, dtype=np.int64)
 
 
 def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1000,
-                       keep_stack=False):
+                       keep_stack=False, checkpoints=None):
     """Sequential mean field from ``softmax(unary)``.
 
     Parameters
     ----------
     edges : (E, 2) int64
-    unary : (n, K) float64
-    pairwise : (E, K, K) float64
+    unary : (n, K) float32 or float64
+        The compute dtype: float32 input is computed in float32, anything
+        else in float64.
+    pairwise : (E, K, K)
+        Of the same dtype as ``unary`` (converted to it otherwise).
     n_iter : int or None
         Exactly this many iterations (sweeps j = 0..n-1), or ``None`` to
         iterate until the largest change of a unary marginal in one iteration
@@ -453,65 +537,126 @@ def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1
     keep_stack : bool
         Keep the per-iteration snapshots needed by
         ``mean_field_backward(mode="truncated")``.
+    checkpoints : int >= 1 or None
+        With ``keep_stack``: keep only this many snapshots (at the starts of
+        as many segments of iterations, see ``sklearn_margcrf._checkpoints``); the
+        backward pass recomputes the others. ``None`` keeps every iteration
+        while that fits ``STACK_MEMORY_BUDGET`` and as many as fit otherwise.
+        With ``n_iter=None`` and fewer snapshots than iterations, the forward
+        pass runs twice (to find the number of iterations, then to keep the
+        planned snapshots).
 
     Returns
     -------
     MeanFieldState
     """
-    edges = _contiguous(edges, np.int64).reshape(-1, 2)
-    unary = _contiguous(unary, np.float64)
-    pairwise = _contiguous(pairwise, np.float64)
+    return _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stack,
+                               checkpoints, STACK_MEMORY_BUDGET)
+
+
+def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stack, checkpoints,
+                        budget):
+    """:func:`mean_field_forward` with the stack memory budget as an argument."""
+    dtype = _compute_dtype(unary)
+    edges = np.ascontiguousarray(edges, dtype=np.int64).reshape(-1, 2)
+    unary = np.ascontiguousarray(unary, dtype=dtype)
+    pairwise = np.ascontiguousarray(pairwise, dtype=dtype)
     n_nodes, n_states = unary.shape
     if pairwise.size == 0:
         pairwise = pairwise.reshape(edges.shape[0], n_states, n_states)
     n_iter = check_n_iter(n_iter)
     tol = check_positive(tol, "tol")
     max_iter = check_n_iter(max_iter, "max_iter", allow_none=False)
+    checkpoints = check_checkpoints(checkpoints)
     inc = incidence(n_nodes, edges)
+    snapshot_bytes = n_nodes * n_states * dtype.itemsize
 
-    initial = np.empty((n_nodes, n_states))
+    initial = np.empty((n_nodes, n_states), dtype=dtype)
     _softmax_rows(unary, initial)
     mu = initial.copy()
 
-    def run(n_sweeps, stop, stack_rev):
+    def run(n_sweeps, stop, stack_rev, save_at):
         return _mf_forward_kernel(inc.ptr, inc.edge, inc.side, edges, unary, pairwise, mu,
-                                  n_sweeps, tol, stop, stack_rev)
+                                  n_sweeps, tol, stop, stack_rev, save_at)
 
-    empty_stack = np.empty((0, n_nodes, n_states))
-    stack = None
-    if n_iter is not None:
-        if keep_stack:
-            stack = np.empty((n_iter, n_nodes, n_states))
-        done, change = run(n_iter, False, stack if keep_stack else empty_stack)
-    elif not keep_stack:
-        done, change = run(max_iter, True, empty_stack)
+    no_stack = np.empty((0, n_nodes, n_states), dtype=dtype)
+    no_saves = _saves(0)
+
+    def run_planned(n_sweeps):
+        """``n_sweeps`` iterations from ``mu``, keeping the snapshots that
+        ``segment_plan`` chooses: (stack, starts, done, change)."""
+        if n_sweeps == 0:
+            return no_stack, no_saves, 0, np.inf
+        n_slots, starts = segment_plan(n_sweeps, checkpoints, snapshot_bytes, budget)
+        stack = np.empty((n_slots, n_nodes, n_states), dtype=dtype)
+        return (stack, starts) + run(n_sweeps, False, stack, starts)
+
+    stack = starts = None
+    if not keep_stack:
+        done, change = run(max_iter if n_iter is None else n_iter, n_iter is None, no_stack,
+                           no_saves)
+    elif n_iter is not None:
+        stack, starts, done, change = run_planned(n_iter)
     else:
-        # Unknown length: run in growing chunks, each with its own snapshots.
+        # Unknown length: run in growing chunks, each with its own snapshots,
+        # while every snapshot is to be kept and fits the budget ...
         chunks, done, chunk, change = [], 0, 16, np.inf
-        while done < max_iter:
+        while done < max_iter and checkpoints is None:
             size = min(chunk, max_iter - done)
-            buf = np.empty((size, n_nodes, n_states))
-            ran, change = run(size, True, buf)
+            if (done + size) * snapshot_bytes > budget:
+                break
+            buf = np.empty((size, n_nodes, n_states), dtype=dtype)
+            ran, change = run(size, True, buf, _saves(size))
             chunks.append(buf[:ran])
             done += ran
             if change < tol:
                 break
             chunk *= 2
-        stack = np.concatenate(chunks, axis=0) if chunks else empty_stack
+        if done == max_iter or change < tol:
+            stack = np.concatenate(chunks, axis=0) if chunks else no_stack
+            starts = _saves(done)
+        else:
+            # ... otherwise find the length first, then keep the planned snapshots.
+            del chunks
+            ran, change = run(max_iter - done, True, no_stack, no_saves)
+            mu[...] = initial
+            stack, starts, done, change = run_planned(done + ran)
     converged = bool(change < tol)
     return MeanFieldState(edges, unary, pairwise, inc, mu, initial, done, converged, change,
-                          stack, tol)
+                          stack, starts, tol)
 
 
-def _check_grad(grad, shape, name):
+def _check_grad(grad, shape, dtype, name):
     if grad is None:
-        return np.zeros(shape)
-    grad = np.ascontiguousarray(grad, dtype=np.float64)
+        return np.zeros(shape, dtype=dtype)
+    grad = np.ascontiguousarray(grad, dtype=dtype)
     if grad.shape != shape:
         if grad.size == 0 and int(np.prod(shape)) == 0:
-            return np.zeros(shape)
+            return np.zeros(shape, dtype=dtype)
         raise ValueError(f"{name} must have shape {shape}, got {grad.shape}")
     return grad
+
+
+def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
+    """Algorithm "Back Mean Field", step 5 over all ``state.n_iter`` iterations
+    and the initialisation, segment by segment (reversed labelling, in place)."""
+    edges_r, pairwise_r, inc_r = state._reversed()
+    buffer, n_iter, recompute = state._stack_rev, state.n_iter, state.checkpointed
+    if recompute:
+        if state._buffer_reused:  # a previous backward overwrote snapshots 1..: plan them again
+            state._sweeps(state.initial_marginals.copy(), n_iter, buffer, state.segment_starts)
+        state._buffer_reused = True
+        segments = list(enumerate(np.diff(state.segment_starts, append=n_iter)))
+    else:
+        segments = [(0, n_iter)] if n_iter else []
+    for k, length in reversed(segments):
+        if recompute and length > 1:
+            # the segment's missing snapshots, from its first one, into slots k+1..k+length-1
+            mu = np.ascontiguousarray(buffer[k, ::-1])
+            state._sweeps(mu, length - 1, buffer[k + 1:k + length], _saves(length)[1:])
+        _mf_reverse_segment(inc_r.ptr, inc_r.edge, inc_r.side, edges_r, pairwise_r, mu_r, gmu_r,
+                            g_unary_r, g_pairwise_r, buffer[k:k + length], length)
+    _mf_backward_initialisation(mu_r, gmu_r, g_unary_r)
 
 
 def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated",
@@ -529,8 +674,12 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
         ``"truncated"``: exact gradient of the loss after exactly
         ``state.n_iter`` iterations from ``softmax(unary)`` (Algorithm "Back
         Mean Field"; the forward must have used ``keep_stack=True`` unless
-        ``n_iter == 0``). ``"fixed_point"``: gradient of the loss at the
-        converged marginals (implicit differentiation by repeated reverse
+        ``n_iter == 0``). With checkpoints the missing snapshots are
+        recomputed, segment by segment, into the state's buffer (a second
+        backward on the same state first re-runs the forward pass to restore
+        the planned snapshots; so two threads must not run truncated
+        backward passes of one checkpointed state at the same time). ``"fixed_point"``: gradient of the loss at
+        the converged marginals (implicit differentiation by repeated reverse
         sweeps at the fixed point).
     tol : float
         Fixed-point mode: stop when every adjoint dL/dmu is below ``tol``.
@@ -544,37 +693,37 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
 
     Returns
     -------
-    grad_unary : (n, K) float64
-    grad_pairwise : (E, K, K) float64
+    grad_unary : (n, K)
+    grad_pairwise : (E, K, K)
+        In the dtype of ``state.unary`` (the incoming gradients are converted
+        to it).
     """
     edges = state.edges
     n_nodes, n_states = state.unary_marginals.shape
     n_edges = edges.shape[0]
-    gmu = _check_grad(grad_unary_marginals, (n_nodes, n_states), "grad_unary_marginals").copy()
-    gpm = _check_grad(grad_pairwise_marginals, (n_edges, n_states, n_states),
+    dtype = state.unary_marginals.dtype
+    gmu = _check_grad(grad_unary_marginals, (n_nodes, n_states), dtype,
+                      "grad_unary_marginals").copy()
+    gpm = _check_grad(grad_pairwise_marginals, (n_edges, n_states, n_states), dtype,
                       "grad_pairwise_marginals")
     if mode not in ("truncated", "fixed_point"):
         raise ValueError(f"mode must be 'truncated' or 'fixed_point', got {mode!r}")
+    if mode == "truncated" and state._stack_rev is None and state.n_iter > 0:
+        raise ValueError(
+            "mode='truncated' needs the stack of overwritten marginals: run "
+            "mean_field_forward(..., keep_stack=True)")
     # Step 3: dL/dmu of the final marginals, clique terms folded into unary adjoints.
     if n_edges:
         _fold_pairwise(edges, state.unary_marginals, gpm, gmu)
     # Work in the reversed labelling (see the comment above _mf_reverse_sweep).
-    edges_r, pairwise_r, inc_r = state._reversed()
     mu_r = np.ascontiguousarray(state.unary_marginals[::-1])
     gmu_r = np.ascontiguousarray(gmu[::-1])
     # Step 4.
-    g_unary_r = np.zeros((n_nodes, n_states))
-    g_pairwise_r = np.zeros((n_edges, n_states, n_states))
+    g_unary_r = np.zeros((n_nodes, n_states), dtype=dtype)
+    g_pairwise_r = np.zeros((n_edges, n_states, n_states), dtype=dtype)
 
     if mode == "truncated":
-        if state._stack_rev is None and state.n_iter > 0:
-            raise ValueError(
-                "mode='truncated' needs the stack of overwritten marginals: run "
-                "mean_field_forward(..., keep_stack=True)")
-        stack_rev = (state._stack_rev if state._stack_rev is not None
-                     else np.empty((0, n_nodes, n_states)))
-        _mf_backward_truncated(inc_r.ptr, inc_r.edge, inc_r.side, edges_r, pairwise_r, mu_r,
-                               gmu_r, g_unary_r, g_pairwise_r, stack_rev, state.n_iter)
+        _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r)
     else:
         tol = check_positive(tol, "tol")
         max_iter = check_n_iter(max_iter, "max_iter", allow_none=False)
@@ -584,9 +733,11 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
                 f"(last change {state.last_change:.3g} >= tol {state.tol:.3g} after "
                 f"{state.n_iter} iterations); the gradient assumes a fixed point",
                 RuntimeWarning)
+        edges_r, pairwise_r, inc_r = state._reversed()
         sweeps, largest = _mf_backward_fixed_point(inc_r.ptr, inc_r.edge, inc_r.side, edges_r,
                                                    pairwise_r, mu_r, gmu_r, g_unary_r,
-                                                   g_pairwise_r, tol, max_iter)
+                                                   g_pairwise_r, tol, max_iter,
+                                                   _ADJOINT_BLOWUP[dtype])
         if not largest < tol:
             if on_divergence == "raise":
                 raise BackpropDivergenceError(
