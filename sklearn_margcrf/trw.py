@@ -211,8 +211,13 @@ _RHO_HALF = 2  # sqrt(m)
 # The kernels are compiled for a constant number of labels K up to this many:
 # the label loops then have constant trip counts, which the compiler unrolls
 # and vectorises (K = 8 forward sweep: 0.33 instead of 0.40 s for 20
-# iterations on a 200 x 300 grid). Larger K run one generic compilation.
+# iterations on a 200 x 300 grid; back TRW 1.5x faster for K = 3 to 5). Larger
+# K run one generic compilation.
 _MAX_SPECIALISED_K = 8
+# ... except the reverse sweep of K * itemsize >= 64 bytes (K = 8 in float64),
+# which measured slower unrolled than generic (1.40 against 1.13 s; float32
+# K = 8: 0.73 against 0.81 s).
+_MAX_SPECIALISED_REVERSE_BYTES = 63
 
 # Merge this many independent chains in the K = 2 forward sweep (see
 # ``_interleave``; 232 x 315 grid, 20 iterations: 102-106, 115-118 and
@@ -224,6 +229,12 @@ def _label_token(n_states, specialise=True):
     """The kernels' first argument: a tuple whose *length* is K (its type, so
     numba compiles one specialisation per K) or empty for the generic build."""
     return (0,) * n_states if specialise and n_states <= _MAX_SPECIALISED_K else ()
+
+
+def _reverse_label_token(state):
+    """The label token of the reverse sweeps of ``state`` (see ``_MAX_SPECIALISED_REVERSE_BYTES``)."""
+    K = state.unary.shape[1]
+    return state.label_token if K * state.unary.itemsize <= _MAX_SPECIALISED_REVERSE_BYTES else ()
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -851,11 +862,15 @@ class TRWState:
     converged : bool, whether the largest change of a unary marginal over the
         last iteration was below ``tol`` (False when no iteration ran)
     stack : (n_iter, 2E, K) ndarray or None, the messages at the start of each
-        iteration in internal slot order (``keep_stack=True`` and every
-        iteration kept; None with fewer checkpoints)
-    snapshots : (n_slots, 2E, K) ndarray or None, the buffer of kept
-        snapshots (``keep_stack=True``); ``segment_starts`` gives the
-        iteration that each of the first ``len(segment_starts)`` slots starts
+        iteration in internal slot order (``keep_stack=True``); with fewer
+        snapshots than iterations (``checkpointed``) accessing it raises
+        ValueError
+    stack_buffer : (n_slots, 2E, K) ndarray or None, the one buffer of kept
+        snapshots (``keep_stack=True``): snapshot ``k``, the messages before
+        iteration ``segment_starts[k]``, in slot ``k``; with checkpointing the
+        later slots are the backward pass's room for recomputed snapshots
+    segment_starts : (s,) int64 or None
+    checkpointed : bool, whether fewer snapshots than iterations were kept
     n_fallback : int, how many messages / marginals needed the log-domain path
 
     All arrays are of the compute dtype (float32 or float64).
@@ -869,14 +884,24 @@ class TRWState:
         return self.slot_messages[self.slot_of]
 
     @property
+    def checkpointed(self):
+        return self.segment_starts is not None and len(self.segment_starts) < self.n_iter
+
+    @property
     def stack(self):
-        if self.snapshots is None or len(self.segment_starts) != self.n_iter:
+        if self.stack_buffer is None:
             return None
-        return self.snapshots
+        if self.checkpointed:
+            raise ValueError(
+                f"the stack is incomplete: the forward pass kept {len(self.segment_starts)} snapshots (checkpoints) "
+                f"of its {self.n_iter} iterations, those before the iterations in segment_starts; run trw_forward "
+                f"with checkpoints=None (or >= n_iter) for every snapshot"
+            )
+        return self.stack_buffer
 
     def __repr__(self):
         n, K = self.unary_marginals.shape
-        kept = "no" if self.snapshots is None else f"{len(self.segment_starts)} of {self.n_iter}"
+        kept = "no" if self.stack_buffer is None else f"{len(self.segment_starts)} of {self.n_iter}"
         return (
             f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, dtype={self.unary.dtype}, "
             f"n_iter={self.n_iter}, converged={self.converged}, snapshots={kept})"
@@ -1124,8 +1149,9 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         pairwise_marginals=mu_p.reshape(E, K, K),
         n_iter=int(it),
         converged=bool(converged),
-        snapshots=snapshots if starts is not None else None,
+        stack_buffer=snapshots if starts is not None else None,
         snapshot_powers=stack_pow,
+        buffer_reused=False,
         segment_starts=starts,
         n_fallback=int(n_fallback),
         slot_messages=M,
@@ -1149,6 +1175,23 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         rsum=rsum,
         tol=tol,
         label_token=kt,
+    )
+
+
+def _keep_checkpoints(state):
+    """Rerun the forward iterations from the first snapshot (the initial
+    messages, never overwritten), keeping the checkpoints in their slots."""
+    n, K = state.unary.shape
+    M = state.stack_buffer[0].copy()
+    IM = np.divide(1, M, dtype=M.dtype)
+    MP = M if state.rho_mode == _RHO_ONE else np.sqrt(M) if state.rho_mode == _RHO_HALF else state.snapshot_powers[0].copy()
+    push_slot = np.full(state.n_iter, -1, np.int64)
+    push_slot[state.segment_starts] = np.arange(len(state.segment_starts))
+    _trw_forward_kernel(
+        state.label_token, state.sched, state.order, state.tabs, state.eu, state.rho_sched, state.rho_mode, M, MP, IM,
+        state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot, state.edges, state.ptr,
+        state.slot_of, state.rho, state.n_iter, 0.0, state.n_iter, push_slot, state.stack_buffer,
+        state.snapshot_powers, np.empty((n, K), M.dtype), np.empty((len(state.edges), K * K), M.dtype),
     )
 
 
@@ -1191,7 +1234,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     else:
         gmu_p = _writable(grad_pairwise_marginals, dtype).reshape(E, K * K)
     if mode == "truncated":
-        if state.snapshots is None and state.n_iter > 0:
+        if state.stack_buffer is None and state.n_iter > 0:
             raise ValueError(
                 "mode='truncated' needs a forward pass run with an integer n_iter and keep_stack=True"
             )
@@ -1217,7 +1260,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     Madj = np.zeros((2 * E, K))  # float64 in both precisions: see "Numerical stability"
     _backward_start(edges, state.ptr, state.slot_of, state.rho_slot, IM, state.unary_marginals,
                     state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
-    kt = state.label_token
+    kt = _reverse_label_token(state)
 
     def reverse(slots, snapshots, snapshot_powers, sweeps=0):
         return _reverse_iterations(
@@ -1229,10 +1272,13 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     if fixed_point:
         n_sweeps, residual = reverse(np.empty(0, np.int64), state.eu[:0, None], state.eu[:0, None], max_iter)
     elif state.n_iter > 0:
-        snapshots, powers, starts = state.snapshots, state.snapshot_powers, state.segment_starts
-        if len(starts) == state.n_iter:  # every iteration kept: one pass
+        snapshots, powers, starts = state.stack_buffer, state.snapshot_powers, state.segment_starts
+        if not state.checkpointed:  # every iteration kept: one pass
             reverse(np.arange(state.n_iter - 1, -1, -1), snapshots, powers)
         else:  # checkpointed: segments last to first, each recomputed, then reversed
+            if state.buffer_reused:  # an earlier backward wrote over snapshots 1..: keep them again
+                _keep_checkpoints(state)
+            state.buffer_reused = True
             ends = np.append(starts[1:], state.n_iter)
             for k in range(len(starts) - 1, -1, -1):
                 length = int(ends[k] - starts[k])

@@ -43,12 +43,35 @@ def test_checkpoints_bound_the_snapshots_kept():
         state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
         kept = min(checkpoints, n_iter)
         assert len(state.segment_starts) == kept
-        assert state.snapshots.shape[0] == buffer_slots(n_iter, kept) <= n_iter
-        assert (state.stack is None) == (kept < n_iter)  # the per-iteration view exists only when all are kept
-    state = trw_forward(edges, unary, pairwise, rho, n_iter=200, keep_stack=True, checkpoints=14)
-    assert state.snapshots.shape[0] == 21  # instead of 200
-    mf = mean_field_forward(edges, unary, pairwise, n_iter=200, keep_stack=True, checkpoints=14)
-    assert mf.snapshots.shape[0] == 21
+        assert state.stack_buffer.shape[0] == buffer_slots(n_iter, kept) <= n_iter
+        assert state.checkpointed == (kept < n_iter)
+        if state.checkpointed:  # the per-iteration view exists only when every snapshot was kept
+            with pytest.raises(ValueError, match="the stack is incomplete"):
+                state.stack
+        else:
+            assert state.stack.shape[0] == n_iter
+    for forward in (lambda **kw: trw_forward(edges, unary, pairwise, rho, **kw),
+                    lambda **kw: mean_field_forward(edges, unary, pairwise, **kw)):
+        assert forward(n_iter=200, keep_stack=True, checkpoints=14).stack_buffer.shape[0] == 21  # instead of 200
+
+
+@pytest.mark.parametrize("inference", ["trw", "mean_field"])
+def test_a_checkpointed_state_gives_the_same_gradient_twice(inference):
+    """The backward pass recomputes snapshots into the slots of used
+    checkpoints: a second backward from the same state must not see them."""
+    from sklearn_margcrf.inference import KERNELS
+
+    edges, unary, pairwise, _ = model(3, np.float64)
+    rng = np.random.default_rng(5)
+    g_mu, g_mu2 = rng.normal(size=unary.shape), rng.normal(size=pairwise.shape)
+    kernel = KERNELS[inference]
+    full = kernel.forward(edges, unary, pairwise, np.full(len(edges), 0.5), 9, 1e-6, 100, True, None)
+    expected = kernel.backward(full, g_mu, g_mu2, mode="truncated")
+    state = kernel.forward(edges, unary, pairwise, np.full(len(edges), 0.5), 9, 1e-6, 100, True, 3)
+    for _ in range(3):
+        got = kernel.backward(state, g_mu, g_mu2, mode="truncated")
+        np.testing.assert_array_equal(got[0], expected[0])
+        np.testing.assert_array_equal(got[1], expected[1])
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "all"])
