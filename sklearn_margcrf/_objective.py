@@ -43,11 +43,15 @@ class CRFObjective:
         only (``settings`` then holds those inference settings).
     shape_f, shape_g : tuple
         Shapes of ``F`` (K, Fu) and ``G`` (K, K, Fe).
+    dtype : numpy.dtype, default=float64
+        Precision of the potentials and of inference; the feature products
+        and the weight gradients accumulate in float64 whatever it is.
     """
 
     settings: _Settings
     shape_f: tuple
     shape_g: tuple
+    dtype: np.dtype = np.dtype(np.float64)
     independent: bool = field(init=False)
 
     def __post_init__(self):
@@ -77,9 +81,9 @@ class CRFObjective:
     def theta(self, unary_coef, pairwise_coef, node_features, edges, edge_features):
         """(edges, theta_i = F u_i (n, K), theta_ij = G v_ij (E, K, K)) of an image."""
         n_states = self.shape_f[0]
-        unary = feature_scores(node_features, unary_coef)
+        unary = feature_scores(node_features, unary_coef).astype(self.dtype, copy=False)
         if self.independent:
-            return np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, n_states, n_states))
+            return np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, n_states, n_states), self.dtype)
         pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
         # The features were checked finite in fit / predict; what can still
         # overflow is the product with the weights, and the user never passed a
@@ -94,7 +98,7 @@ class CRFObjective:
             # compiles them as a separate signature; a copy of the (small) edge
             # list keeps one compiled version per kernel.
             edges = np.array(edges)
-        return edges, unary, pairwise.reshape(-1, n_states, n_states)
+        return edges, unary, pairwise.astype(self.dtype, copy=False).reshape(-1, n_states, n_states)
 
     def image_loss_gradient(self, unary_coef, pairwise_coef, node_features, edges, edge_features, labels):
         """(loss, dL/dF, dL/dG, diagnostics, seconds in the loss) of one image."""

@@ -128,3 +128,78 @@ def test_float32_multiplier_bound():
     loss_and_grad(edges, unary, pairwise, labels, **kw)  # fine in float64
     with pytest.raises(ValueError, match="rounds away in float32"):
         loss_and_grad(edges, *single(unary, pairwise), labels, **kw)
+
+
+# ---------------------------------------------------------------------------
+# MarginalCRF(dtype=...)
+# ---------------------------------------------------------------------------
+
+
+def denoising_split(n_train, n_test, shape=(24, 32)):
+    from sklearn_margcrf.datasets import make_denoising_problem
+
+    images, labels = make_denoising_problem(n_train + n_test, shape=shape, noise=1.25, random_state=3)
+    return images[:n_train], labels[:n_train], images[n_train:], labels[n_train:]
+
+
+def denoising_model(**params):
+    from sklearn.pipeline import make_pipeline
+
+    from sklearn_margcrf import MarginalCRF
+    from sklearn_margcrf.features import DenoisingFeatures
+
+    return make_pipeline(DenoisingFeatures(), MarginalCRF(n_iter=10, max_iter=300, reg=1e-3, **params))
+
+
+def test_float32_fit_reaches_the_float64_test_error():
+    """The acceptance check of the kernel issue, on a small synthetic denoising problem."""
+    pytest.importorskip("skimage")
+    train_x, train_y, test_x, test_y = denoising_split(8, 8, shape=(32, 48))
+    fits = {dtype: denoising_model(dtype=dtype).fit(train_x, train_y) for dtype in (np.float64, np.float32)}
+    assert all(model[-1].n_iter_ < 300 for model in fits.values())  # both converged
+    errors = {dtype: 1 - model.score(test_x, test_y) for dtype, model in fits.items()}
+    assert abs(errors[np.float32] - errors[np.float64]) <= 0.002, errors
+    crf32, crf64 = fits[np.float32][-1], fits[np.float64][-1]
+    assert crf32.unary_coef_.dtype == np.float64  # the weights and L-BFGS stay in float64
+    np.testing.assert_allclose(crf32.unary_coef_, crf64.unary_coef_, atol=2e-3 * np.abs(crf64.unary_coef_).max())
+    proba32 = fits[np.float32].predict_proba(test_x[:1])[0]
+    proba64 = fits[np.float64].predict_proba(test_x[:1])[0]
+    assert proba32.dtype == np.float32 and proba64.dtype == np.float64
+    np.testing.assert_allclose(proba32, proba64, atol=1e-2)
+
+
+def test_estimator_dtype_is_the_compute_precision_whatever_the_features():
+    """dtype, not the features' storage, decides the precision of the marginals."""
+    from sklearn_margcrf import MarginalCRF
+    from estimator_checks import make_structured_data
+
+    X, y = make_structured_data(n_samples=3, n_states=3)
+    X64 = [(nf, edges, ef) for nf, edges, ef in X]
+    X32 = [(nf.astype(np.float32), edges, ef.astype(np.float32)) for nf, edges, ef in X]
+    y = [labels.ravel() for labels in y]
+    for features in (X64, X32):
+        for dtype in (np.float32, "float32", np.float64, "float64"):
+            model = MarginalCRF(n_iter=3, max_iter=3, dtype=dtype)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # max_iter reached
+                model.fit(features, y)
+            assert model.predict_proba(features[:1])[0].dtype == np.dtype(dtype)
+
+
+@pytest.mark.parametrize("bad", [np.float16, np.int32, "bogus", complex, None])
+def test_estimator_refuses_other_dtypes(bad):
+    from sklearn_margcrf import MarginalCRF
+    from estimator_checks import make_structured_data
+
+    X, y = make_structured_data(n_samples=2)
+    with pytest.raises(ValueError, match="dtype must be numpy.float32 or numpy.float64"):
+        MarginalCRF(dtype=bad).fit(X, y)
+
+
+def test_estimator_float32_multiplier_bound():
+    from sklearn_margcrf import MarginalCRF
+    from estimator_checks import make_structured_data
+
+    X, y = make_structured_data(n_samples=2)
+    with pytest.raises(ValueError, match="multiplier must be at least .* in dtype=float32"):
+        MarginalCRF(gradient_mode="perturbation", multiplier=1e-6, dtype=np.float32).fit(X, y)
