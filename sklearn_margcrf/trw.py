@@ -145,7 +145,7 @@ enough work for the processor to overlap consecutive ones by itself.
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
 some snapshots, and ``trw_backward`` recomputes each segment of iterations
 from its first snapshot, in the same order and with the same arithmetic, so
-the gradient is bitwise that of the full stack (:mod:`._checkpoints`).
+the gradient is bitwise that of the full stack (``sklearn_margcrf._checkpoints``).
 """
 
 import math
@@ -1079,7 +1079,7 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
     checkpoints : int >= 1 or None
         With ``keep_stack``: keep only this many snapshots (at most
         ``n_iter``); the backward pass recomputes the iterations between them
-        (see :mod:`sklearn_margcrf._checkpoints`). None keeps one per
+        (see ``sklearn_margcrf._checkpoints``). None keeps one per
         iteration while they fit ``STACK_MEMORY_BUDGET`` and as many as fit
         otherwise. One snapshot is ``2E * K`` floats (twice that for a
         ``rho`` that is neither all ones nor all one half).
