@@ -20,10 +20,8 @@ logistic loss ``-sum_i log mu_i(label_i)`` with random labels. Prints:
 """
 
 import concurrent.futures
-import json
 import math
 import resource
-import subprocess
 import sys
 import time
 
@@ -51,31 +49,38 @@ def gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
     return trw_backward(state, g_mu, None, mode="truncated")
 
 
-def peak_extra_memory(args, K, dtype, n_iter, checkpoints):
-    """Peak RSS growth of one forward + backward, in a fresh process (MB)."""
-    code = (
-        "import sys, resource, json; sys.argv = ['x']; sys.path[:0] = {path!r}\n"
-        "import bench_gradients as b, numpy as np\n"
-        "small = b.problem(8, 8, {K}, np.{dtype})\n"
-        "b.gradient(*small, n_iter=3, checkpoints={ck})  # compile\n"
-        "big = b.problem({h}, {w}, {K}, np.{dtype})\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "b.gradient(*big, n_iter={n}, checkpoints={ck})\n"
-        "print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 / 1e6))\n"
-    ).format(path=sys.path[:2], K=K, dtype=dtype, ck=checkpoints, h=args.height, w=args.width, n=n_iter)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=sys.path[0])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
+    """Peak memory of one forward + backward beyond its inputs (MB): what numpy
+    allocates (tracemalloc) plus what the kernels allocate themselves, which
+    tracemalloc does not see: the recomputation's copies of one snapshot
+    (messages, inverses, powers: 3 snapshots, checkpointed only) and the
+    forward's previous marginals (n x K)."""
+    import tracemalloc
+
+    from sklearn_margcrf._checkpoints import segment_plan
+
+    gradient(edges, unary, pairwise, rho, labels, 1, checkpoints)  # compile outside the measurement
+    tracemalloc.start()
+    try:
+        gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    n, K = unary.shape
+    snapshot = 2 * len(edges) * K * unary.itemsize
+    checkpointed = len(segment_plan(n_iter, checkpoints, snapshot)[1]) < n_iter
+    return (peak + 3 * snapshot * checkpointed + n * K * unary.itemsize) / 1e6
 
 
 def section_speed(args):
     print(f"1. truncated TRW, {args.iters} iterations, {args.height}x{args.width}, rho=0.5, univariate logistic; "
-          f"minimum CPU seconds of {args.repeat} runs; peak extra memory in a fresh process")
+          f"minimum CPU seconds of {args.repeat} runs; peak extra memory beyond the inputs")
     for K in (2, 8):
         for dtype in ("float64", "float32"):
             edges, unary, pairwise, rho, labels = problem(args.height, args.width, K, getattr(np, dtype))
             _, forward = best_time(lambda: trw_forward(edges, unary, pairwise, rho, n_iter=args.iters), args.repeat)
             _, both = best_time(lambda: gradient(edges, unary, pairwise, rho, labels, args.iters), args.repeat)
-            memory = peak_extra_memory(args, K, dtype, args.iters, None)
+            memory = peak_extra_memory(edges, unary, pairwise, rho, labels, args.iters)
             print(f"   K={K} {dtype}: forward {forward:.3f} s, forward+backward {both:.3f} s, "
                   f"peak extra memory {memory:.0f} MB")
 
@@ -90,7 +95,7 @@ def section_checkpoints(args):
             _, times[checkpoints] = best_time(
                 lambda: gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints), max(args.repeat // 2, 2)
             )
-            memory = peak_extra_memory(args, 2, dtype, n_iter, checkpoints)
+            memory = peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
             what = "full stack" if checkpoints == n_iter else f"checkpoints={checkpoints}"
             print(f"   {dtype} {what}: {times[checkpoints]:.3f} s, peak extra memory {memory:.0f} MB")
         print(f"   {dtype} time ratio checkpointed / full: {times[14] / times[n_iter]:.2f}")
