@@ -24,7 +24,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["STACK_MEMORY_BUDGET", "check_checkpoints", "segment_plan"]
+__all__ = ["STACK_MEMORY_BUDGET", "check_checkpoints", "incomplete_stack", "segment_plan"]
 
 #: Bytes that ``checkpoints=None`` lets the snapshots of one truncated
 #: forward pass take before it keeps fewer of them (1 GiB).
@@ -80,3 +80,12 @@ def segment_plan(n_iter, checkpoints, snapshot_bytes, budget=STACK_MEMORY_BUDGET
         # as long as slot room allows, leaving one iteration per later segment
         begin += min(n_slots - k, n_iter - begin - (s - k - 1))
     return n_slots, starts
+
+
+def incomplete_stack(n_kept, n_iter, forward):
+    """The error of asking a checkpointed state for its per-iteration stack."""
+    return ValueError(
+        f"the stack is incomplete: the forward pass kept {n_kept} snapshots (checkpoints) of its {n_iter} "
+        f"iterations, those before the iterations in segment_starts; run {forward} with checkpoints=None "
+        f"(or >= n_iter) for every snapshot"
+    )

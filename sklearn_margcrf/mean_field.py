@@ -74,7 +74,7 @@ import numpy as np
 from numba import njit
 
 from ._backnorm import backnorm
-from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, segment_plan
+from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, incomplete_stack, segment_plan
 from ._graph import check_n_iter, check_positive, incidence
 from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
@@ -160,11 +160,7 @@ class MeanFieldState:
         if self._stack_rev is None:
             return None
         if self.checkpointed:
-            raise ValueError(
-                f"the stack is incomplete: the forward pass kept {self.segment_starts.shape[0]} "
-                f"snapshots (checkpoints) of its {self.n_iter} iterations, those before the "
-                f"iterations in segment_starts; run mean_field_forward with checkpoints=None "
-                f"(or >= n_iter) for every snapshot")
+            raise incomplete_stack(self.segment_starts.shape[0], self.n_iter, "mean_field_forward")
         return self._stack_rev[:, ::-1, :]
 
     @property

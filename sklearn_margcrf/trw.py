@@ -155,7 +155,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ._backnorm import backnorm, backnorm_ratio
-from ._checkpoints import check_checkpoints, segment_plan
+from ._checkpoints import check_checkpoints, incomplete_stack, segment_plan
 from ._graph import incidence, model_dtype
 from ._warnings import warn_at_caller
 from .exceptions import BackpropDivergenceError
@@ -892,11 +892,7 @@ class TRWState:
         if self.stack_buffer is None:
             return None
         if self.checkpointed:
-            raise ValueError(
-                f"the stack is incomplete: the forward pass kept {len(self.segment_starts)} snapshots (checkpoints) "
-                f"of its {self.n_iter} iterations, those before the iterations in segment_starts; run trw_forward "
-                f"with checkpoints=None (or >= n_iter) for every snapshot"
-            )
+            raise incomplete_stack(len(self.segment_starts), self.n_iter, "trw_forward")
         return self.stack_buffer
 
     def __repr__(self):
