@@ -111,6 +111,8 @@ def _arguments(parser):
     parser.add_argument("--reg", type=float, default=None, help="one ridge penalty for all rows (default: 1e-3, and 1e-4 for pseudo/piecewise/independent)")
     parser.add_argument("--figure-image", type=int, default=0, help="index of the test image in the figure (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="precision of inference and its gradients (MarginalCRF dtype; default float64)")
     _common.resumable_arguments(parser, "binary_denoising")
 
 
@@ -123,7 +125,7 @@ def _settings(args):
     reg = "regdefault" if args.reg is None else f"reg{args.reg:g}"
     settings = (
         f"scale{args.scale:g}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}-"
-        f"{learning}-tol{args.tol:g}-{reg}-seed{args.seed}"
+        f"{learning}-tol{args.tol:g}-{reg}-seed{args.seed}" + ("" if args.dtype == "float64" else f"-{args.dtype}")
     )
     return _common.checkpoint_folder(args, "binary_denoising", settings)
 
@@ -147,6 +149,7 @@ def _model(args, key):
         init="independent",
         n_jobs=args.n_jobs,
         verbose=args.verbose,
+        dtype=args.dtype,
     )
     params.update(ROWS[key][1])
     return MarginalCRF(**params)
