@@ -185,6 +185,34 @@ def _check_y(y, samples, n_states=None):
     return labels, n_states
 
 
+def _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g):
+    """Float64 copies (F, G) of the starting weights given to ``fit`` (zeros for
+    the one not given), or None when neither is given."""
+    if unary_coef_init is None and pairwise_coef_init is None:
+        return None
+    checked = []
+    for name, value, shape, meaning in (
+        ("unary_coef_init", unary_coef_init, shape_f, "(n_states, n_node_features)"),
+        ("pairwise_coef_init", pairwise_coef_init, shape_g, "(n_states, n_states, n_edge_features)"),
+    ):
+        if value is None:
+            checked.append(np.zeros(shape))
+            continue
+        try:
+            value = np.array(value, dtype=np.float64)  # a copy: fit never writes into its arguments
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an array of numbers of shape {shape}, got {type(value).__name__}") from None
+        if value.shape != shape:
+            raise ValueError(
+                f"{name} has shape {value.shape} but this fit needs {meaning} = {shape} "
+                "(the number of states comes from y or n_states, the features from X)"
+            )
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        checked.append(value)
+    return tuple(checked)
+
+
 # ---------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------
@@ -309,11 +337,13 @@ class MarginalCRF(BaseEstimator):
         ``"surrogate_likelihood"`` for the initialising fits, ``"fit"`` or
         ``"fit[k images]"``), ``n_iter`` (iterations of this stage so far),
         ``objective``, ``unary_coef`` and ``pairwise_coef`` (copies of the
-        current weights), ``n_restarts`` and ``elapsed`` (seconds since the
-        start of ``fit``). If it returns a true value, the fit stops after that
-        iteration and the model keeps its weights (remaining stages are
-        skipped, no ConvergenceWarning): use it to save checkpoints of a long
-        fit, stop on a time budget, or record a learning curve. Exceptions it
+        current weights), ``n_restarts``, ``elapsed`` (seconds since the
+        start of ``fit``) and ``params`` (the estimator's parameters). If it
+        returns a true value, the fit stops after that iteration and the
+        model keeps its weights (remaining stages are skipped, no
+        ConvergenceWarning): use it to stop on a time budget or record a
+        learning curve; :class:`~sklearn_margcrf.callbacks.Checkpoint` saves
+        the weights of a long fit so that it can be resumed. Exceptions it
         raises propagate out of ``fit``.
     dtype : {numpy.float64, numpy.float32}, default=numpy.float64
         Precision of inference and of its gradients in ``fit`` and of the
@@ -540,7 +570,7 @@ class MarginalCRF(BaseEstimator):
     # -- fitting ------------------------------------------------------------------
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y):
+    def fit(self, X, y, *, unary_coef_init=None, pairwise_coef_init=None):
         """Fit ``F`` and ``G`` by L-BFGS on the mean loss per labelled node.
 
         Parameters
@@ -549,6 +579,17 @@ class MarginalCRF(BaseEstimator):
             ``(node_features, edges, edge_features)`` triples or ``CRFSample``.
         y : list of int arrays
             One label per node ((n,), grid or image shape), -1 = unlabelled.
+        unary_coef_init : ndarray of shape (n_states, n_node_features), default=None
+            Starting ``F`` (scikit-learn's ``coef_init`` convention). When it
+            or ``pairwise_coef_init`` is given, L-BFGS starts from them (the
+            one not given is zero), without the initialising fits of
+            ``init`` and whatever ``warm_start`` says: use it to resume a fit
+            from saved weights (:class:`~sklearn_margcrf.callbacks.Checkpoint`).
+            In a :class:`~sklearn.pipeline.Pipeline`, pass it as
+            ``pipeline.fit(X, y, marginalcrf__unary_coef_init=F)``.
+        pairwise_coef_init : ndarray of shape (n_states, n_states, n_edge_features), default=None
+            Starting ``G``, likewise (not used by ``inference="independent"``,
+            whose ``G`` stays zero).
 
         Returns
         -------
@@ -571,24 +612,29 @@ class MarginalCRF(BaseEstimator):
 
         shape_f = (n_states, n_node_features)
         shape_g = (n_states, n_states, n_edge_features)
-        warm = (
+        given = _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g)
+        warm = given is None and (
             self.warm_start
             and hasattr(self, "unary_coef_")
             and self.unary_coef_.shape == shape_f
             and self.pairwise_coef_.shape == shape_g
         )
-        if self.warm_start and hasattr(self, "unary_coef_") and not warm:
+        if given is None and self.warm_start and hasattr(self, "unary_coef_") and not warm:
             warn_at_caller(
                 "warm_start=True but the previous weights have shapes "
                 f"{self.unary_coef_.shape}, {self.pairwise_coef_.shape} instead of {shape_f}, {shape_g}: "
                 f"starting from init={self.init!r}",
                 UserWarning,
             )
-        if warm:
-            unary_coef = self.unary_coef_.copy()
-            pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
+        if given is not None:
+            warm = True  # no initialising fits
+            unary_coef, pairwise_coef = given
+        elif warm:
+            unary_coef, pairwise_coef = self.unary_coef_.copy(), self.pairwise_coef_.copy()
         else:
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
+        if self.inference == "independent":
+            pairwise_coef = np.zeros(shape_g)
 
         objective = self._objective(self.loss, self.inference, shape_f, shape_g)
         independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
@@ -737,7 +783,7 @@ class MarginalCRF(BaseEstimator):
                 unary_coef, pairwise_coef = unpack(intermediate_result.x)
                 report = Bunch(
                     stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
-                    n_restarts=n_restarts, elapsed=times[-1],
+                    n_restarts=n_restarts, elapsed=times[-1], params=self.get_params(deep=False),
                 )
                 if self.callback(report):
                     raise _StopFit(np.array(intermediate_result.x))
