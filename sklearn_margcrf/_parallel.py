@@ -19,6 +19,11 @@ change. So the images are packed once into one :class:`Batch` per worker
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
+
+When a process worker dies during a map (killed, most often by the operating
+system for lack of memory), :meth:`ImageBatches.map` starts fresh workers,
+which map the same batch files, and raises :class:`LostWorker`: whether to
+recompute is the caller's decision (the estimator does once per fit).
 """
 
 import errno
@@ -30,13 +35,19 @@ import numpy as np
 from joblib import effective_n_jobs
 from joblib._memmapping_reducer import TemporaryResourcesManager
 from joblib.externals.loky.backend import resource_tracker
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
-__all__ = ["Batch", "ImageBatches", "balanced_groups", "pack"]
+__all__ = ["Batch", "ImageBatches", "LostWorker", "balanced_groups", "pack"]
 
 #: errors of a file system without room: full, a file size limit, a quota
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class LostWorker(Exception):
+    """A worker process died during :meth:`ImageBatches.map`; fresh workers
+    are in place (the map can be called again). Its cause is joblib's error."""
 
 
 def balanced_groups(costs, n_groups):
@@ -134,14 +145,22 @@ class ImageBatches:
         try:
             self._handles = self._hand_over()
             if len(self.groups) > 1:
-                self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
-                self._parallel.__enter__()
+                self._start_workers()
         except BaseException:
             self.__exit__(None, None, None)
             raise
         finally:
             self.samples = self.labels = None
         return self
+
+    def _start_workers(self):
+        self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
+        self._parallel.__enter__()
+
+    def _stop_workers(self, *exc):
+        if self._parallel is not None:
+            self._parallel.__exit__(*exc)
+            self._parallel = None
 
     def _hand_over(self):
         if len(self.groups) == 1:
@@ -178,7 +197,12 @@ class ImageBatches:
         if self._parallel is None:
             per_batch = [func(handle, *args) for handle in self._handles]
         else:
-            per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+            try:
+                per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+            except TerminatedWorkerError as exc:
+                self._stop_workers(type(exc), exc, exc.__traceback__)
+                self._start_workers()  # the batch files stay: fresh workers map them again
+                raise LostWorker(str(exc)) from exc
         out = [None] * self.n_images
         for group, results in zip(self.groups, per_batch):
             for k, result in zip(group, results):
@@ -186,9 +210,7 @@ class ImageBatches:
         return out
 
     def __exit__(self, *exc):
-        if self._parallel is not None:
-            self._parallel.__exit__(*exc)
-            self._parallel = None
+        self._stop_workers(*exc)
         self._handles = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)

@@ -30,10 +30,10 @@ from threadpoolctl import threadpool_limits
 from . import __version__
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._objective import CRFObjective
-from ._parallel import ImageBatches
+from ._parallel import ImageBatches, LostWorker
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
-from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning
+from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning, WorkerLostError, WorkerLostWarning
 from .gradients import (
     GRADIENT_MODES,
     INFERENCE_FREE_LOSSES,
@@ -222,13 +222,15 @@ def _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g):
 class _FitProgress:
     """What a fit accumulates over its L-BFGS iterations: when it started,
     the seconds in the per-image losses, their diagnostics and how many
-    per-image computations they cover, and whether the callback stopped it."""
+    per-image computations they cover, whether the callback stopped it, and
+    how many worker processes died."""
 
     start: float
     kernel_time: float = 0.0
     diagnostics: _Diagnostics = field(default_factory=_Diagnostics)
     n_images: int = 0
     stopped: bool = False
+    lost_workers: int = 0
 
 
 class _StopFit(Exception):
@@ -713,7 +715,13 @@ class MarginalCRF(BaseEstimator):
         reg = float(self.reg)
 
         def loss_gradient(w):
-            value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+            while True:
+                try:
+                    value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+                    break
+                except LostWorker as lost:
+                    progress.lost_workers += 1
+                    self._lost_worker(lost, "fit", retry=progress.lost_workers == 1)
             progress.kernel_time += seconds
             progress.diagnostics += diagnostics
             progress.n_images += batches.n_images
@@ -722,6 +730,24 @@ class MarginalCRF(BaseEstimator):
         w0 = objective.pack(unary_coef, pairwise_coef)
         w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
         return objective.unpack(w), info
+
+    def _lost_worker(self, lost, where, retry):
+        """Warn that a worker died during ``where`` (fresh workers then recompute)
+        or, without ``retry``, raise :class:`WorkerLostError`; both name the remedies."""
+        when = f"{where} for the second time" if where == "fit" and not retry else where
+        cause = (
+            f"a joblib worker process died during {when}, most likely killed by the operating system for lack of "
+            "memory (each worker holds its batch of images and the inference stack of its largest image)"
+        )
+        remedies = (
+            f"to use less memory per worker, lower n_jobs (now {self.n_jobs!r}), set checkpoints= (fewer "
+            "snapshots of truncated fitting, e.g. checkpoints=5) or use dtype=np.float32"
+        )
+        if not retry:
+            said = str(lost).splitlines()[0] if str(lost) else ""
+            raise WorkerLostError(f"{cause}; {remedies}. joblib said: {said}") from lost
+        warn_at_caller(f"{cause}; fresh workers recomputed that evaluation, so the fit is unchanged. If it happens "
+                       f"again the fit stops: {remedies}", WorkerLostWarning)
 
     def _warn_diagnostics(self, diagnostics, n_images, computations, where):
         """One warning per kind of :class:`_Diagnostics`, with how often it occurred."""
@@ -837,7 +863,10 @@ class MarginalCRF(BaseEstimator):
             self.loss, self.inference, self.unary_coef_.shape, self.pairwise_coef_.shape, prediction=True
         )
         with ImageBatches(samples, None, self.n_jobs, self.verbose) as batches:
-            marginals, diagnostics = objective.marginals(self.unary_coef_, self.pairwise_coef_, batches)
+            try:
+                marginals, diagnostics = objective.marginals(self.unary_coef_, self.pairwise_coef_, batches)
+            except LostWorker as lost:
+                self._lost_worker(lost, "prediction", retry=False)
         self._warn_diagnostics(diagnostics, len(samples), "samples", "prediction")
         return samples, marginals
 
