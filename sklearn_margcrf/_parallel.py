@@ -39,7 +39,7 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
-__all__ = ["Batch", "ImageBatches", "LostWorker", "balanced_groups", "pack"]
+__all__ = ["Batch", "ImageBatches", "LostWorker", "balanced_groups", "cluster_client", "pack", "plan_groups"]
 
 #: errors of a file system without room: full, a file size limit, a quota
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -70,6 +70,18 @@ def balanced_groups(costs, n_groups):
         loads[target] += costs[index]
         groups[target].append(index)
     return [sorted(g) for g in groups if g]
+
+
+def plan_groups(samples, n_jobs):
+    """The image indices of each batch: one balanced group per worker."""
+    n_groups = max(1, min(int(effective_n_jobs(n_jobs)), len(samples)))
+    return balanced_groups([s.node_features.shape[0] + s.edges.shape[0] for s in samples], n_groups)
+
+
+def cluster_client():
+    """The client of the active joblib backend when it is a cluster's (Dask), else None."""
+    backend, _ = get_active_backend()
+    return getattr(backend, "client", None)
 
 
 @dataclass(frozen=True)
@@ -139,9 +151,7 @@ class ImageBatches:
         self._folder_manager = None
 
     def __enter__(self):
-        n_groups = max(1, min(int(effective_n_jobs(self.n_jobs)), self.n_images))
-        costs = [s.node_features.shape[0] + s.edges.shape[0] for s in self.samples]
-        self.groups = balanced_groups(costs, n_groups)
+        self.groups = plan_groups(self.samples, self.n_jobs)
         try:
             self._handles = self._hand_over()
             if len(self.groups) > 1:
@@ -165,8 +175,7 @@ class ImageBatches:
     def _hand_over(self):
         if len(self.groups) == 1:
             return [pack(self.samples, self.labels, self.groups[0])]
-        backend, _ = get_active_backend()
-        client = getattr(backend, "client", None)
+        client = cluster_client()
         if client is not None:
             return client.scatter([pack(self.samples, self.labels, g) for g in self.groups], hash=False)
         self._folder_manager = TemporaryResourcesManager()

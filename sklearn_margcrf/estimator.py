@@ -30,7 +30,8 @@ from threadpoolctl import threadpool_limits
 from . import __version__
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._objective import CRFObjective
-from ._parallel import ImageBatches, LostWorker
+from ._memory import check_fit_memory
+from ._parallel import ImageBatches, LostWorker, cluster_client, plan_groups
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
 from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning, WorkerLostError, WorkerLostWarning
@@ -640,6 +641,8 @@ class MarginalCRF(BaseEstimator):
 
         objective = self._objective(self.loss, self.inference, shape_f, shape_g)
         independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
+        if cluster_client() is None:  # a cluster's workers have memory of their own
+            check_fit_memory(samples, labels, plan_groups(samples, self.n_jobs), objective, self.checkpoints, self.n_jobs)
         start_independent = not warm and self.init == "independent" and objective != independent
         start_surrogate = (
             not warm
