@@ -26,10 +26,11 @@ __all__ = ["Checkpoint", "SavedFit"]
 
 @dataclass(frozen=True)
 class SavedFit:
-    """What a :class:`Checkpoint` wrote: the weights after ``n_iter`` L-BFGS
-    iterations of ``stage`` (see ``MarginalCRF(callback=...)``), the objective
-    there, the seconds since the start of that ``fit`` and the estimator's
-    parameters (JSON values; others as their ``repr``)."""
+    """What a :class:`~sklearn_margcrf.callbacks.Checkpoint` wrote: the
+    weights after ``n_iter`` L-BFGS iterations of ``stage`` (see
+    ``MarginalCRF(callback=...)``), the objective there, the seconds since
+    the start of that ``fit``, the estimator's parameters (JSON values;
+    others as their ``repr``) and the package version."""
 
     unary_coef: np.ndarray
     pairwise_coef: np.ndarray
