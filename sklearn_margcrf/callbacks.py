@@ -71,7 +71,9 @@ class Checkpoint:
     (the initialising fits of ``init="independent"`` included); a fit resumed
     from a save starts L-BFGS from those weights without the initialising
     fits and without L-BFGS's curvature memory, and counts its iterations
-    from zero (give it ``max_iter - saved.n_iter`` for a fixed budget).
+    from zero (give it ``max_iter - saved.n_iter`` for a fixed budget). One
+    file holds one fit: concurrent fits (``GridSearchCV`` clones, say) need
+    files of their own.
 
     Parameters
     ----------

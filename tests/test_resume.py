@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn import config_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import FunctionTransformer
@@ -71,6 +72,11 @@ def test_starting_weights_are_routed_through_a_pipeline():
     pipeline.fit(X, Y, marginalcrf__unary_coef_init=F, marginalcrf__pairwise_coef_init=G)
     np.testing.assert_array_equal(pipeline[-1].unary_coef_, F)
     np.testing.assert_array_equal(pipeline[-1].pairwise_coef_, G)
+    # and with scikit-learn's metadata routing, once requested
+    with config_context(enable_metadata_routing=True):
+        crf = MarginalCRF(n_iter=2, max_iter=0).set_fit_request(unary_coef_init=True, pairwise_coef_init=True)
+        make_pipeline(FunctionTransformer(), crf).fit(X, Y, unary_coef_init=F, pairwise_coef_init=G)
+    np.testing.assert_array_equal(crf.pairwise_coef_, G)
 
 
 def _check_resumed(path, stopped_objective=None):
