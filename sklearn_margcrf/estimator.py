@@ -15,6 +15,7 @@ as counts, reported in one warning per kind per fit.
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
@@ -305,6 +306,10 @@ class MarginalCRF(BaseEstimator):
         Number of joblib workers for the per-image losses and gradients (and
         for prediction). Images are batched per worker. The active joblib
         backend is honoured, e.g. ``with joblib.parallel_config(backend="dask")``.
+        A fit whose workers would need more memory than is available is
+        refused before it starts (MemoryError, with the estimate); a worker
+        process lost during a fit is replaced once and its evaluation
+        recomputed (:class:`~sklearn_margcrf.exceptions.WorkerLostWarning`).
     verbose : int, default=0
         ``> 0``: print the objective, gradient norm and elapsed time at every
         L-BFGS iteration; ``> 2`` also joblib's progress messages.
@@ -630,7 +635,6 @@ class MarginalCRF(BaseEstimator):
                 UserWarning,
             )
         if given is not None:
-            warm = True  # no initialising fits
             unary_coef, pairwise_coef = given
         elif warm:
             unary_coef, pairwise_coef = self.unary_coef_.copy(), self.pairwise_coef_.copy()
@@ -643,9 +647,10 @@ class MarginalCRF(BaseEstimator):
         independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
         if cluster_client() is None:  # a cluster's workers have memory of their own
             check_fit_memory(samples, labels, plan_groups(samples, self.n_jobs), objective, self.checkpoints, self.n_jobs)
-        start_independent = not warm and self.init == "independent" and objective != independent
+        initialise = not warm and given is None  # the initialising fits of init="independent"
+        start_independent = initialise and self.init == "independent" and objective != independent
         start_surrogate = (
-            not warm
+            initialise
             and self.init == "independent"
             and self.loss == "smooth_classification"
             and self.inference != "independent"
