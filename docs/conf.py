@@ -33,3 +33,16 @@ exclude_patterns = ["_build", "architecture.md", "results/*.md"]
 html_theme = "alabaster"
 master_doc = "index"
 suppress_warnings = ["autosummary.import_cycle"]
+
+
+def _skip_metadata_request_methods(app, what, name, obj, skip, options):
+    # scikit-learn generates set_fit_request & co. from fit's keyword
+    # arguments; their docstrings refer to scikit-learn's own glossary, which
+    # this build cannot link (no intersphinx), and scikit-learn documents them.
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_metadata_request_methods)

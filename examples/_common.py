@@ -207,10 +207,10 @@ def ignore_convergence_warnings():
         yield
 
 
-def timed_fit(model, X, y):
+def timed_fit(model, X, y, **fit_params):
     """Fit without convergence warnings; return the wall-clock seconds."""
     with ignore_convergence_warnings(), Timer() as timer:
-        model.fit(X, y)
+        model.fit(X, y, **fit_params)
     return timer.seconds
 
 
@@ -435,7 +435,8 @@ class Checkpoints:
         ``segment`` iterations; return the model, restored to the final
         weights, and the progress record.
 
-        The fit is one ``MarginalCRF.fit`` (warm-started from ``start``) whose
+        The fit is one ``MarginalCRF.fit`` (from ``start`` or the last
+        checkpoint, given as ``unary_coef_init`` / ``pairwise_coef_init``) whose
         ``callback`` writes the checkpoints, so the batches are packed once
         and L-BFGS keeps its curvature memory. A fit killed in between resumes
         from its last checkpoint with a fresh L-BFGS, as after the paper's
@@ -486,17 +487,19 @@ class Checkpoints:
                             "L-BFGS iterations, as asked by SIGUSR1")
 
             remaining = max_iter - state["lbfgs_iterations"]
-            part = restore(model.set_params(max_iter=remaining, warm_start=True, callback=checkpoint), state)
+            part = model.set_params(max_iter=remaining, callback=checkpoint)
             previous = _handle_usr1(lambda signum, frame: requested.append(signum))
             try:
-                seconds = timed_fit(part, X, y)
+                seconds = timed_fit(
+                    part, X, y, unary_coef_init=state["unary_coef"], pairwise_coef_init=state["pairwise_coef"]
+                )
             finally:
                 model.set_params(callback=None)
                 if previous is not None:
                     _handle_usr1(previous)
             state = progress_state(part.unary_coef_, part.pairwise_coef_, part.n_iter_, part.n_restarts_, seconds, True)
             self.save(name, state)
-        model = restore(model.set_params(max_iter=max_iter, warm_start=False), state)
+        model = restore(model.set_params(max_iter=max_iter), state)
         model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]
         model.loss_curve_ = state["loss_curve"]
         return model, state

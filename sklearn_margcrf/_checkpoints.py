@@ -24,7 +24,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["STACK_MEMORY_BUDGET", "check_checkpoints", "incomplete_stack", "segment_plan"]
+__all__ = ["STACK_MEMORY_BUDGET", "check_checkpoints", "incomplete_stack", "plan_size", "segment_plan"]
 
 #: Bytes that ``checkpoints=None`` lets the snapshots of one truncated
 #: forward pass take before it keeps fewer of them (1 GiB).
@@ -57,6 +57,15 @@ def _auto_snapshots(n_iter, snapshot_bytes, budget):
     return max(fitting) if fitting else best
 
 
+def plan_size(n_iter, checkpoints, snapshot_bytes, budget=STACK_MEMORY_BUDGET):
+    """``(snapshots, buffer slots)`` of :func:`segment_plan`, without its segments."""
+    if checkpoints is None:
+        s = _auto_snapshots(n_iter, snapshot_bytes, budget)
+    else:
+        s = min(int(checkpoints), n_iter)
+    return s, buffer_slots(n_iter, s)
+
+
 def segment_plan(n_iter, checkpoints, snapshot_bytes, budget=STACK_MEMORY_BUDGET):
     """Plan the snapshots of a truncated forward pass of ``n_iter >= 1`` iterations.
 
@@ -68,11 +77,7 @@ def segment_plan(n_iter, checkpoints, snapshot_bytes, budget=STACK_MEMORY_BUDGET
     iteration of each segment (``starts[0] = 0``, increasing; segment ``k``
     ends where segment ``k + 1`` starts, the last one at ``n_iter``).
     """
-    if checkpoints is None:
-        s = _auto_snapshots(n_iter, snapshot_bytes, budget)
-    else:
-        s = min(int(checkpoints), n_iter)
-    n_slots = buffer_slots(n_iter, s)
+    s, n_slots = plan_size(n_iter, checkpoints, snapshot_bytes, budget)
     starts = np.empty(s, dtype=np.int64)
     begin = 0
     for k in range(s):

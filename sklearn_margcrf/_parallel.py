@@ -19,6 +19,11 @@ change. So the images are packed once into one :class:`Batch` per worker
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
+
+When a process worker dies during a map (killed, most often by the operating
+system for lack of memory), :meth:`ImageBatches.map` starts fresh workers,
+which map the same batch files, and raises :class:`LostWorker`: whether to
+recompute is the caller's decision (the estimator does once per fit).
 """
 
 import errno
@@ -30,13 +35,19 @@ import numpy as np
 from joblib import effective_n_jobs
 from joblib._memmapping_reducer import TemporaryResourcesManager
 from joblib.externals.loky.backend import resource_tracker
+from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
-__all__ = ["Batch", "ImageBatches", "balanced_groups", "pack"]
+__all__ = ["Batch", "ImageBatches", "LostWorker", "balanced_groups", "cluster_client", "pack", "plan_groups"]
 
 #: errors of a file system without room: full, a file size limit, a quota
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class LostWorker(Exception):
+    """A worker process died during :meth:`ImageBatches.map`; fresh workers
+    are in place (the map can be called again). Its cause is joblib's error."""
 
 
 def balanced_groups(costs, n_groups):
@@ -59,6 +70,18 @@ def balanced_groups(costs, n_groups):
         loads[target] += costs[index]
         groups[target].append(index)
     return [sorted(g) for g in groups if g]
+
+
+def plan_groups(samples, n_jobs):
+    """The image indices of each batch: one balanced group per worker."""
+    n_groups = max(1, min(int(effective_n_jobs(n_jobs)), len(samples)))
+    return balanced_groups([s.node_features.shape[0] + s.edges.shape[0] for s in samples], n_groups)
+
+
+def cluster_client():
+    """The client of the active joblib backend when it is a cluster's (Dask), else None."""
+    backend, _ = get_active_backend()
+    return getattr(backend, "client", None)
 
 
 @dataclass(frozen=True)
@@ -128,14 +151,11 @@ class ImageBatches:
         self._folder_manager = None
 
     def __enter__(self):
-        n_groups = max(1, min(int(effective_n_jobs(self.n_jobs)), self.n_images))
-        costs = [s.node_features.shape[0] + s.edges.shape[0] for s in self.samples]
-        self.groups = balanced_groups(costs, n_groups)
+        self.groups = plan_groups(self.samples, self.n_jobs)
         try:
             self._handles = self._hand_over()
             if len(self.groups) > 1:
-                self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
-                self._parallel.__enter__()
+                self._start_workers()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -143,11 +163,19 @@ class ImageBatches:
             self.samples = self.labels = None
         return self
 
+    def _start_workers(self):
+        self._parallel = Parallel(n_jobs=self.n_jobs, verbose=max(0, self.verbose - 2))
+        self._parallel.__enter__()
+
+    def _stop_workers(self, *exc):
+        if self._parallel is not None:
+            self._parallel.__exit__(*exc)
+            self._parallel = None
+
     def _hand_over(self):
         if len(self.groups) == 1:
             return [pack(self.samples, self.labels, self.groups[0])]
-        backend, _ = get_active_backend()
-        client = getattr(backend, "client", None)
+        client = cluster_client()
         if client is not None:
             return client.scatter([pack(self.samples, self.labels, g) for g in self.groups], hash=False)
         self._folder_manager = TemporaryResourcesManager()
@@ -178,7 +206,12 @@ class ImageBatches:
         if self._parallel is None:
             per_batch = [func(handle, *args) for handle in self._handles]
         else:
-            per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+            try:
+                per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+            except TerminatedWorkerError as exc:
+                self._stop_workers(type(exc), exc, exc.__traceback__)
+                self._start_workers()  # the batch files stay: fresh workers map them again
+                raise LostWorker(str(exc)) from exc
         out = [None] * self.n_images
         for group, results in zip(self.groups, per_batch):
             for k, result in zip(group, results):
@@ -186,9 +219,7 @@ class ImageBatches:
         return out
 
     def __exit__(self, *exc):
-        if self._parallel is not None:
-            self._parallel.__exit__(*exc)
-            self._parallel = None
+        self._stop_workers(*exc)
         self._handles = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)

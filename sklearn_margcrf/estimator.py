@@ -31,10 +31,11 @@ from threadpoolctl import threadpool_limits
 from . import __version__
 from ._graph import _as_float_array, _as_labels, validate_edges
 from ._objective import CRFObjective
-from ._parallel import ImageBatches
+from ._memory import check_fit_memory
+from ._parallel import ImageBatches, LostWorker, cluster_client, plan_groups
 from ._warnings import warn_at_caller
 from .edge_appearance import RHO_RULES
-from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning
+from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning, WorkerLostError, WorkerLostWarning
 from .gradients import (
     GRADIENT_MODES,
     INFERENCE_FREE_LOSSES,
@@ -186,6 +187,34 @@ def _check_y(y, samples, n_states=None):
     return labels, n_states
 
 
+def _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g):
+    """Float64 copies (F, G) of the starting weights given to ``fit`` (zeros for
+    the one not given), or None when neither is given."""
+    if unary_coef_init is None and pairwise_coef_init is None:
+        return None
+    checked = []
+    for name, value, shape, meaning in (
+        ("unary_coef_init", unary_coef_init, shape_f, "(n_states, n_node_features)"),
+        ("pairwise_coef_init", pairwise_coef_init, shape_g, "(n_states, n_states, n_edge_features)"),
+    ):
+        if value is None:
+            checked.append(np.zeros(shape))
+            continue
+        try:
+            value = np.array(value, dtype=np.float64)  # a copy: fit never writes into its arguments
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be an array of numbers of shape {shape}, got {type(value).__name__}") from None
+        if value.shape != shape:
+            raise ValueError(
+                f"{name} has shape {value.shape} but this fit needs {meaning} = {shape} "
+                "(the number of states comes from y or n_states, the features from X)"
+            )
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        checked.append(value)
+    return tuple(checked)
+
+
 # ---------------------------------------------------------------------------
 # The estimator
 # ---------------------------------------------------------------------------
@@ -195,13 +224,15 @@ def _check_y(y, samples, n_states=None):
 class _FitProgress:
     """What a fit accumulates over its L-BFGS iterations: when it started,
     the seconds in the per-image losses, their diagnostics and how many
-    per-image computations they cover, and whether the callback stopped it."""
+    per-image computations they cover, whether the callback stopped it, and
+    how many worker processes died."""
 
     start: float
     kernel_time: float = 0.0
     diagnostics: _Diagnostics = field(default_factory=_Diagnostics)
     n_images: int = 0
     stopped: bool = False
+    lost_workers: int = 0
 
 
 class _StopFit(Exception):
@@ -275,6 +306,10 @@ class MarginalCRF(BaseEstimator):
         Number of joblib workers for the per-image losses and gradients (and
         for prediction). Images are batched per worker. The active joblib
         backend is honoured, e.g. ``with joblib.parallel_config(backend="dask")``.
+        A fit whose workers would need more memory than is available is
+        refused before it starts (MemoryError, with the estimate); a worker
+        process lost during a fit is replaced once and its evaluation
+        recomputed (:class:`~sklearn_margcrf.exceptions.WorkerLostWarning`).
     verbose : int, default=0
         ``> 0``: print the objective, gradient norm and elapsed time at every
         L-BFGS iteration; ``> 2`` also joblib's progress messages.
@@ -310,11 +345,13 @@ class MarginalCRF(BaseEstimator):
         ``"surrogate_likelihood"`` for the initialising fits, ``"fit"`` or
         ``"fit[k images]"``), ``n_iter`` (iterations of this stage so far),
         ``objective``, ``unary_coef`` and ``pairwise_coef`` (copies of the
-        current weights), ``n_restarts`` and ``elapsed`` (seconds since the
-        start of ``fit``). If it returns a true value, the fit stops after that
-        iteration and the model keeps its weights (remaining stages are
-        skipped, no ConvergenceWarning): use it to save checkpoints of a long
-        fit, stop on a time budget, or record a learning curve. Exceptions it
+        current weights), ``n_restarts``, ``elapsed`` (seconds since the
+        start of ``fit``) and ``params`` (the estimator's parameters). If it
+        returns a true value, the fit stops after that iteration and the
+        model keeps its weights (remaining stages are skipped, no
+        ConvergenceWarning): use it to stop on a time budget or record a
+        learning curve; :class:`~sklearn_margcrf.callbacks.Checkpoint` saves
+        the weights of a long fit so that it can be resumed. Exceptions it
         raises propagate out of ``fit``.
     dtype : {numpy.float64, numpy.float32}, default=numpy.float64
         Precision of inference and of its gradients in ``fit`` and of the
@@ -541,7 +578,7 @@ class MarginalCRF(BaseEstimator):
     # -- fitting ------------------------------------------------------------------
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y):
+    def fit(self, X, y, *, unary_coef_init=None, pairwise_coef_init=None):
         """Fit ``F`` and ``G`` by L-BFGS on the mean loss per labelled node.
 
         Parameters
@@ -550,6 +587,17 @@ class MarginalCRF(BaseEstimator):
             ``(node_features, edges, edge_features)`` triples or ``CRFSample``.
         y : list of int arrays
             One label per node ((n,), grid or image shape), -1 = unlabelled.
+        unary_coef_init : ndarray of shape (n_states, n_node_features), default=None
+            Starting ``F`` (scikit-learn's ``coef_init`` convention). When it
+            or ``pairwise_coef_init`` is given, L-BFGS starts from them (the
+            one not given is zero), without the initialising fits of
+            ``init`` and whatever ``warm_start`` says: use it to resume a fit
+            from saved weights (:class:`~sklearn_margcrf.callbacks.Checkpoint`).
+            In a :class:`~sklearn.pipeline.Pipeline`, pass it as
+            ``pipeline.fit(X, y, marginalcrf__unary_coef_init=F)``.
+        pairwise_coef_init : ndarray of shape (n_states, n_states, n_edge_features), default=None
+            Starting ``G``, likewise (not used by ``inference="independent"``,
+            whose ``G`` stays zero).
 
         Returns
         -------
@@ -572,30 +620,37 @@ class MarginalCRF(BaseEstimator):
 
         shape_f = (n_states, n_node_features)
         shape_g = (n_states, n_states, n_edge_features)
-        warm = (
+        given = _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g)
+        warm = given is None and (
             self.warm_start
             and hasattr(self, "unary_coef_")
             and self.unary_coef_.shape == shape_f
             and self.pairwise_coef_.shape == shape_g
         )
-        if self.warm_start and hasattr(self, "unary_coef_") and not warm:
+        if given is None and self.warm_start and hasattr(self, "unary_coef_") and not warm:
             warn_at_caller(
                 "warm_start=True but the previous weights have shapes "
                 f"{self.unary_coef_.shape}, {self.pairwise_coef_.shape} instead of {shape_f}, {shape_g}: "
                 f"starting from init={self.init!r}",
                 UserWarning,
             )
-        if warm:
-            unary_coef = self.unary_coef_.copy()
-            pairwise_coef = self.pairwise_coef_.copy() if self.inference != "independent" else np.zeros(shape_g)
+        if given is not None:
+            unary_coef, pairwise_coef = given
+        elif warm:
+            unary_coef, pairwise_coef = self.unary_coef_.copy(), self.pairwise_coef_.copy()
         else:
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
+        if self.inference == "independent":
+            pairwise_coef = np.zeros(shape_g)
 
         objective = self._objective(self.loss, self.inference, shape_f, shape_g)
         independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
-        start_independent = not warm and self.init == "independent" and objective != independent
+        if cluster_client() is None:  # a cluster's workers have memory of their own
+            check_fit_memory(samples, labels, plan_groups(samples, self.n_jobs), objective, self.checkpoints, self.n_jobs)
+        initialise = not warm and given is None  # the initialising fits of init="independent"
+        start_independent = initialise and self.init == "independent" and objective != independent
         start_surrogate = (
-            not warm
+            initialise
             and self.init == "independent"
             and self.loss == "smooth_classification"
             and self.inference != "independent"
@@ -668,7 +723,13 @@ class MarginalCRF(BaseEstimator):
         reg = float(self.reg)
 
         def loss_gradient(w):
-            value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+            while True:
+                try:
+                    value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+                    break
+                except LostWorker as lost:
+                    progress.lost_workers += 1
+                    self._lost_worker(lost, "fit", retry=progress.lost_workers == 1)
             progress.kernel_time += seconds
             progress.diagnostics += diagnostics
             progress.n_images += batches.n_images
@@ -677,6 +738,24 @@ class MarginalCRF(BaseEstimator):
         w0 = objective.pack(unary_coef, pairwise_coef)
         w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
         return objective.unpack(w), info
+
+    def _lost_worker(self, lost, where, retry):
+        """Warn that a worker died during ``where`` (fresh workers then recompute)
+        or, without ``retry``, raise :class:`WorkerLostError`; both name the remedies."""
+        when = f"{where} for the second time" if where == "fit" and not retry else where
+        cause = (
+            f"a joblib worker process died during {when}, most likely killed by the operating system for lack of "
+            "memory (each worker holds its batch of images and the inference stack of its largest image)"
+        )
+        remedies = (
+            f"to use less memory per worker, lower n_jobs (now {self.n_jobs!r}), set checkpoints= (fewer "
+            "snapshots of truncated fitting, e.g. checkpoints=5) or use dtype=np.float32"
+        )
+        if not retry:
+            said = str(lost).splitlines()[0] if str(lost) else ""
+            raise WorkerLostError(f"{cause}; {remedies}. joblib said: {said}") from lost
+        warn_at_caller(f"{cause}; fresh workers recomputed that evaluation, so the fit is unchanged. If it happens "
+                       f"again the fit stops: {remedies}", WorkerLostWarning)
 
     def _warn_diagnostics(self, diagnostics, n_images, computations, where):
         """One warning per kind of :class:`_Diagnostics`, with how often it occurred."""
@@ -738,7 +817,7 @@ class MarginalCRF(BaseEstimator):
                 unary_coef, pairwise_coef = unpack(intermediate_result.x)
                 report = Bunch(
                     stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
-                    n_restarts=n_restarts, elapsed=times[-1],
+                    n_restarts=n_restarts, elapsed=times[-1], params=self.get_params(deep=False),
                 )
                 if self.callback(report):
                     raise _StopFit(np.array(intermediate_result.x))
@@ -792,7 +871,10 @@ class MarginalCRF(BaseEstimator):
             self.loss, self.inference, self.unary_coef_.shape, self.pairwise_coef_.shape, prediction=True
         )
         with ImageBatches(samples, None, self.n_jobs, self.verbose) as batches:
-            marginals, diagnostics = objective.marginals(self.unary_coef_, self.pairwise_coef_, batches)
+            try:
+                marginals, diagnostics = objective.marginals(self.unary_coef_, self.pairwise_coef_, batches)
+            except LostWorker as lost:
+                self._lost_worker(lost, "prediction", retry=False)
         self._warn_diagnostics(diagnostics, len(samples), "samples", "prediction")
         return samples, marginals
 

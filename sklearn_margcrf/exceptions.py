@@ -2,7 +2,10 @@
 
 from sklearn.exceptions import InconsistentVersionWarning as _SklearnInconsistentVersionWarning
 
-__all__ = ["BackpropDivergenceError", "BackpropFallbackWarning", "InconsistentVersionWarning"]
+__all__ = [
+    "BackpropDivergenceError", "BackpropFallbackWarning", "InconsistentVersionWarning", "WorkerLostError",
+    "WorkerLostWarning",
+]
 
 
 class BackpropDivergenceError(RuntimeError):
@@ -21,6 +24,21 @@ class BackpropFallbackWarning(RuntimeWarning):
     gradient was then computed by back TRW / back mean field through exactly
     the iterations inference ran (the exact gradient of the reported loss).
     """
+
+
+class WorkerLostWarning(RuntimeWarning):
+    """A joblib worker process died during ``MarginalCRF.fit``; fresh workers
+    recomputed that evaluation, so the fit is unchanged.
+
+    The usual cause is the operating system killing a worker that ran out of
+    memory; the message names the remedies.
+    """
+
+
+class WorkerLostError(RuntimeError):
+    """A second joblib worker process died in the same ``MarginalCRF.fit``
+    (or one died during prediction): the fit stops rather than lose workers
+    again. The message names the likely cause and the remedies."""
 
 
 class InconsistentVersionWarning(_SklearnInconsistentVersionWarning):

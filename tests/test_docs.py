@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import sklearn_margcrf.callbacks
 import sklearn_margcrf.datasets
 import sklearn_margcrf.exceptions
 import sklearn_margcrf.features
@@ -41,7 +42,7 @@ def test_docs_build_without_warnings(tmp_path):
     # its own (with its parameters), not only a line in its module's table
     generated = tmp_path / "html" / "generated"
     modules = (sklearn_margcrf.datasets, sklearn_margcrf.features, sklearn_margcrf.metrics, sklearn_margcrf.exceptions,
-               sklearn_margcrf.plot)
+               sklearn_margcrf.plot, sklearn_margcrf.callbacks)
     for module in modules:
         for name in module.__all__:
             if inspect.isfunction(getattr(module, name)) or inspect.isclass(getattr(module, name)):

@@ -61,7 +61,9 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint(tmp_path, monkeypat
         assert saved["loss_curve"] == reference.loss_curve_[:4]  # the same fit up to the kill
         resumed, state = _fresh(tmp_path / "b", X, y, segment=2)
         # by hand: a fresh L-BFGS from the checkpoint, for the 3 remaining iterations
-        by_hand = _common.restore(MarginalCRF(n_iter=3, init="zeros", max_iter=3, warm_start=True), saved).fit(X, y)
+        by_hand = MarginalCRF(n_iter=3, init="zeros", max_iter=3).fit(
+            X, y, unary_coef_init=saved["unary_coef"], pairwise_coef_init=saved["pairwise_coef"]
+        )
     assert state["done"] and state["lbfgs_iterations"] == 7 and state["segments"] == 4
     np.testing.assert_array_equal(resumed.unary_coef_, by_hand.unary_coef_)
     np.testing.assert_array_equal(resumed.pairwise_coef_, by_hand.pairwise_coef_)
@@ -74,7 +76,7 @@ def test_sigusr1_writes_a_checkpoint_after_the_current_iteration(tmp_path, monke
     saved = _saves(_common.Checkpoints(tmp_path), monkeypatch)
     timed_fit, logged = _common.timed_fit, []
 
-    def signalled_in_iteration_2(model, X, y):
+    def signalled_in_iteration_2(model, X, y, **fit_params):
         checkpoint = model.callback
 
         def callback(progress):
@@ -82,7 +84,7 @@ def test_sigusr1_writes_a_checkpoint_after_the_current_iteration(tmp_path, monke
                 os.kill(os.getpid(), signal.SIGUSR1)
             checkpoint(progress)
 
-        return timed_fit(model.set_params(callback=callback), X, y)
+        return timed_fit(model.set_params(callback=callback), X, y, **fit_params)
 
     monkeypatch.setattr(_common, "timed_fit", signalled_in_iteration_2)
     before = signal.getsignal(signal.SIGUSR1)
