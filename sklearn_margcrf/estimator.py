@@ -36,6 +36,7 @@ from .edge_appearance import RHO_RULES
 from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning
 from .gradients import (
     GRADIENT_MODES,
+    check_node_weight_loss,
     INFERENCE_FREE_LOSSES,
     INFERENCE_METHODS,
     LOSSES,
@@ -583,10 +584,11 @@ class MarginalCRF(BaseEstimator):
                 f"gradient_mode={self.gradient_mode!r}: {exc}"
             ) from None
 
-    def _objective(self, loss, inference, shape_f, shape_g, prediction=False):
-        """The :class:`CRFObjective` of ``loss`` under ``inference``; for
-        prediction, inference runs ``n_iter`` iterations after truncated
-        fitting and to ``tol`` otherwise."""
+    def _objective(self, loss, inference, shape_f, shape_g, prediction=False, class_weight=None):
+        """The :class:`CRFObjective` of ``loss`` under ``inference`` (with the
+        weights of the classes, a tuple, or None); for prediction, inference
+        runs ``n_iter`` iterations after truncated fitting and to ``tol``
+        otherwise."""
         truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES and inference != "exact"
         n_iter = None if prediction and not truncated else int(self.n_iter)
         settings = _Settings(
@@ -595,7 +597,28 @@ class MarginalCRF(BaseEstimator):
             alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
             checkpoints=self.checkpoints,
         )
-        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype))
+        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype), class_weight)
+
+    def _class_weights(self, classes, labels):
+        """``class_weight`` as a tuple of weights by label code, or None."""
+        if self.class_weight is None:
+            return None
+        check_node_weight_loss(self.loss, "class_weight")
+        if isinstance(self.class_weight, str):  # "balanced", over the labelled nodes
+            counts = np.bincount(np.concatenate([lab[lab >= 0] for lab in labels]), minlength=len(classes))
+            weights = counts.sum() / (len(classes) * np.maximum(counts, 1))
+        else:
+            weights = np.ones(len(classes))
+            for label, weight in self.class_weight.items():
+                index = np.flatnonzero(classes == label) if np.asarray(label).dtype.kind == classes.dtype.kind else []
+                if len(index) != 1:
+                    raise ValueError(f"class_weight has class {label!r}, which is not among the classes {classes.tolist()}")
+                if isinstance(weight, bool) or not isinstance(weight, Real) or not np.isfinite(weight) or weight < 0:
+                    raise ValueError(f"class_weight[{label!r}] must be a finite number >= 0, got {weight!r}")
+                weights[index[0]] = weight
+            if not np.any(weights[np.unique(np.concatenate([lab[lab >= 0] for lab in labels]))] > 0):
+                raise ValueError(f"class_weight={self.class_weight!r} weighs every labelled node 0: nothing to learn from")
+        return tuple(float(w) for w in weights)
 
     def _stages(self, n_samples):
         """(image indices, L-BFGS iterations) of each stage of the fit.
@@ -677,8 +700,9 @@ class MarginalCRF(BaseEstimator):
         else:
             unary_coef, pairwise_coef = np.zeros(shape_f), np.zeros(shape_g)
 
-        objective = self._objective(self.loss, self.inference, shape_f, shape_g)
-        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
+        class_weight = self._class_weights(classes, labels)
+        objective = self._objective(self.loss, self.inference, shape_f, shape_g, class_weight=class_weight)
+        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g, class_weight=class_weight)
         start_independent = not warm and self.init == "independent" and objective != independent
         start_surrogate = (
             not warm
@@ -704,14 +728,16 @@ class MarginalCRF(BaseEstimator):
             if start_independent:
                 self._log("init: fitting the independent model (univariate logistic)")
                 (unary_coef, _), _ = self._fit_weights(
-                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef, n_labelled,
+                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef,
+                    independent.total_weight(labels),
                     "independent", progress, int(self.max_iter),
                 )
             for stage, (indices, stage_max_iter) in enumerate(stages):
                 if progress.stopped:  # by the callback
                     break
                 stage_labelled = int(sum(np.count_nonzero(labels[k] >= 0) for k in indices))
-                if stage_labelled == 0:
+                stage_weight = objective.total_weight([labels[k] for k in indices])
+                if stage_weight == 0:
                     continue
                 name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
                 with contextlib.ExitStack() as stage_scope:
@@ -719,7 +745,7 @@ class MarginalCRF(BaseEstimator):
                     if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
                         (unary_coef, pairwise_coef), _ = self._fit_weights(
-                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,
+                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,  # unweighted
                             unary_coef, pairwise_coef, stage_labelled, "surrogate_likelihood", progress,
                             stage_max_iter,
                         )
@@ -727,7 +753,7 @@ class MarginalCRF(BaseEstimator):
                         if progress.stopped:
                             break
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
-                        objective, batches, unary_coef, pairwise_coef, stage_labelled, name, progress,
+                        objective, batches, unary_coef, pairwise_coef, stage_weight, name, progress,
                         stage_max_iter, warn=stage == len(stages) - 1,
                     )
                 for key in info:
