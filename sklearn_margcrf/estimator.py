@@ -246,6 +246,7 @@ class _FitProgress:
     diagnostics: _Diagnostics = field(default_factory=_Diagnostics)
     n_images: int = 0
     stopped: bool = False
+    not_converged: list = field(default_factory=list)  # what L-BFGS could not do, per stage
 
 
 class _StopFit(Exception):
@@ -771,6 +772,7 @@ class MarginalCRF(BaseEstimator):
         self.time_curve_ = info["time_curve"]
         self.kernel_time_ = progress.kernel_time
         self._warn_diagnostics(progress.diagnostics, progress.n_images, "per-image gradient computations", "fit")
+        self._warn_not_converged(progress.not_converged)
         self.fit_time_ = time.perf_counter() - progress.start
         return self
 
@@ -789,6 +791,27 @@ class MarginalCRF(BaseEstimator):
         w0 = objective.pack(unary_coef, pairwise_coef)
         w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
         return objective.unpack(w), info
+
+    @staticmethod
+    def _warn_not_converged(stages):
+        """One ConvergenceWarning for the stages of a fit (initialising fits
+        included) where L-BFGS stopped before ``lbfgs_tol``, saying what to do."""
+        if not stages:
+            return
+        advice = []
+        if any("max_iter=" in s for s in stages):
+            advice.append("raise max_iter (or loosen lbfgs_tol) to fit further")
+        if any("line search" in s for s in stages):
+            advice.append(
+                "a failed line search means the gradient is inexact at these weights (approximate inference, "
+                "too few n_iter, a loose tol) or the objective is flat to rounding; the model is usable, and raising "
+                "max_restarts, n_iter or inference_max_iter, tightening tol, or raising reg may let it go further"
+            )
+        warn_at_caller(
+            f"L-BFGS stopped before lbfgs_tol in {len(stages)} stage{'s' if len(stages) > 1 else ''} of the fit "
+            f"({'; '.join(stages)}); the model keeps the weights reached. To go on: {'; '.join(advice) or 'see n_iter_'}",
+            ConvergenceWarning,
+        )
 
     def _warn_diagnostics(self, diagnostics, n_images, computations, where):
         """One warning per kind of :class:`_Diagnostics`, with how often it occurred."""
@@ -886,10 +909,15 @@ class MarginalCRF(BaseEstimator):
             break
         if warn and result is not None and result.status != 0:
             if n_iter >= max_iter:
-                message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
+                progress.not_converged.append(f"{stage}: reached max_iter={max_iter} iterations")
+            elif result.status == 2:  # scipy's "ABNORMAL": the line search found no decrease
+                progress.not_converged.append(
+                    f"{stage}: after {n_iter} iterations and {n_restarts} restarts (max_restarts="
+                    f"{self.max_restarts}), the line search found no lower objective along the search direction "
+                    f"(scipy: {str(result.message).rstrip(': ') or 'ABNORMAL'})"
+                )
             else:
-                message = f"L-BFGS stopped early ({stage}): {result.message}"
-            warn_at_caller(message, ConvergenceWarning)
+                progress.not_converged.append(f"{stage}: stopped after {n_iter} iterations ({result.message})")
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
         return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve, "time_curve": times}
