@@ -15,6 +15,7 @@ as counts, reported in one warning per kind per fit.
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
