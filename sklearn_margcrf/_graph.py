@@ -105,9 +105,10 @@ def _as_labels(labels, name, n_states=None):
     """``labels`` as an int64 array of the same shape, each -1 (hidden /
     unlabelled) or a state in [0, n_states).
 
-    The one label check of the package (loss_and_grad, MarginalCRF, the
-    metrics): bool arrays and floats holding whole numbers are accepted as
-    integers; NaN, infinities, fractions and other types are refused.
+    The check of integer labels (loss_and_grad, the metrics' codes, and
+    :func:`split_labels` for integer labels): bool arrays and floats holding
+    whole numbers are accepted as integers; NaN, infinities, fractions and
+    other types are refused.
     """
     labels = np.asarray(labels)
     if labels.dtype == bool:
@@ -130,6 +131,84 @@ def _as_labels(labels, name, n_states=None):
             "(-1 = hidden)"
         )
     return labels
+
+
+def split_labels(labels, name):
+    """The labelled values of a label array of any type, and where they are.
+
+    The one check of user labels (``MarginalCRF``, ``ClassifierFeatures``,
+    the metrics). Returns ``(values, labelled)``: ``labelled`` is a boolean
+    array of the shape of ``labels``, ``values`` the 1-D array of the
+    labelled entries, in order. The kinds of labels:
+
+    - integers (and floats holding whole numbers, read as integers): -1 marks
+      an unlabelled node, other negative labels are refused (see
+      :func:`_as_labels`); fractions, NaN and infinities are refused;
+    - booleans: every node labelled;
+    - strings (numpy str arrays): every node labelled;
+    - object arrays: ``None`` marks an unlabelled node; the others must be of
+      one kind above (an object array of integers also takes -1).
+    """
+    labels = np.asarray(labels)
+    if labels.dtype == object:
+        labelled = np.array([v is not None for v in labels.ravel()], dtype=bool).reshape(labels.shape)
+        present = labels[labelled].tolist()
+        if not present:
+            return np.zeros(0, dtype=np.int64), labelled
+        kinds = {_label_kind(v) for v in present}
+        if len(kinds) > 1 or None in kinds:
+            types = sorted({type(v).__name__ for v in present})
+            raise ValueError(
+                f"{name} must hold labels of one kind (integers, booleans or strings; None = unlabelled), "
+                f"got {', '.join(types)}"
+            )
+        inner = np.asarray(present)
+        values, inner_labelled = split_labels(inner, name)
+        labelled[labelled] = inner_labelled
+        return values, labelled
+    if labels.dtype == bool or labels.dtype.kind in "US":
+        return labels.ravel(), np.ones(labels.shape, dtype=bool)
+    if labels.dtype.kind not in "iuf":
+        raise ValueError(
+            f"{name} must hold integer, boolean or string labels (None or -1 = unlabelled), got dtype {labels.dtype}"
+        )
+    codes = _as_labels(labels, name)
+    labelled = codes >= 0
+    return codes[labelled], labelled
+
+
+def _label_kind(value):
+    """"bool", "number" or "str" for a label value of an object array, None for others."""
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, numbers.Real):
+        return "number"
+    if isinstance(value, str):
+        return "str"
+    return None
+
+
+def encode_labels(labels, classes, name):
+    """Integer codes (indices into the sorted ``classes``, -1 = unlabelled)
+    of a label array of any type (:func:`split_labels`), of its shape; a
+    label outside ``classes`` raises ValueError."""
+    return _encode(*split_labels(labels, name), classes, name)
+
+
+def _encode(values, labelled, classes, name):
+    """:func:`encode_labels` of the output of :func:`split_labels`."""
+    codes = np.full(labelled.shape, -1, dtype=np.int64)
+    if values.size:
+        found = np.minimum(np.searchsorted(classes, values), len(classes) - 1)
+        unknown = classes[found] != values
+        if np.any(unknown):
+            raise ValueError(
+                f"{name} has label {values[unknown].tolist()[0]!r}, which is not among the classes "
+                f"{classes.tolist()}: give every class to fit (classes=, or n_states= for integer labels 0..K-1), "
+                "so that a subset of the data that lacks a class still knows it"
+            )
+        codes[labelled] = found
+    return codes
 
 
 def validate_edges(edges, n_nodes):

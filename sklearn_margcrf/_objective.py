@@ -14,6 +14,11 @@ loss per labelled node plus a ridge penalty,
 
     R(F, G) = (sum over images of L) / (number of labelled nodes) + reg * (||F||^2 + ||G||^2).
 
+With class weights, each labelled node's terms of L weigh its class's weight
+(the per-image node weights of :func:`~sklearn_margcrf.loss_and_grad`) and
+the sum is divided by the total weight of the labelled nodes instead: a
+weighted mean, so that weights that are all equal change nothing.
+
 The independent model is the same model with every image's edges dropped:
 zero iterations of TRW give ``softmax(theta_i)``, and ``G`` is not a weight.
 """
@@ -46,12 +51,15 @@ class CRFObjective:
     dtype : numpy.dtype, default=float64
         Precision of the potentials and of inference; the feature products
         and the weight gradients accumulate in float64 whatever it is.
+    class_weight : tuple of float or None, default=None
+        Weight of each class (by label code); None weighs every node 1.
     """
 
     settings: _Settings
     shape_f: tuple
     shape_g: tuple
     dtype: np.dtype = np.dtype(np.float64)
+    class_weight: tuple = None
     independent: bool = field(init=False)
 
     def __post_init__(self):
@@ -100,11 +108,28 @@ class CRFObjective:
             edges = np.array(edges)
         return edges, unary, pairwise.astype(self.dtype, copy=False).reshape(-1, n_states, n_states)
 
+    def node_weight(self, labels):
+        """The weight of each node of an image (its class's; 0 when
+        unlabelled), or None without class weights."""
+        if self.class_weight is None:
+            return None
+        return np.where(labels >= 0, np.asarray(self.class_weight)[np.maximum(labels, 0)], 0.0)
+
+    def total_weight(self, labels):
+        """The denominator of the objective over images with these labels:
+        the total weight of their labelled nodes (their number without class
+        weights)."""
+        if self.class_weight is None:
+            return int(sum(np.count_nonzero(lab >= 0) for lab in labels))
+        return float(sum(self.node_weight(lab).sum() for lab in labels))
+
     def image_loss_gradient(self, unary_coef, pairwise_coef, node_features, edges, edge_features, labels):
         """(loss, dL/dF, dL/dG, diagnostics, seconds in the loss) of one image."""
         edges, unary, pairwise = self.theta(unary_coef, pairwise_coef, node_features, edges, edge_features)
         start = time.perf_counter()
-        value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, self.settings)
+        value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(
+            edges, unary, pairwise, labels, self.settings, self.node_weight(labels)
+        )
         seconds = time.perf_counter() - start
         grad_f = weight_gradient(grad_unary, node_features)
         if self.independent:

@@ -29,7 +29,7 @@ from sklearn.utils.validation import check_is_fitted, check_random_state
 from threadpoolctl import threadpool_limits
 
 from . import __version__
-from ._graph import _as_float_array, _as_labels, validate_edges
+from ._graph import _as_float_array, _encode, split_labels, validate_edges
 from ._objective import CRFObjective
 from ._memory import check_fit_memory
 from ._parallel import ImageBatches, LostWorker, cluster_client, plan_groups
@@ -38,6 +38,7 @@ from .edge_appearance import RHO_RULES
 from .exceptions import BackpropFallbackWarning, InconsistentVersionWarning, WorkerLostError, WorkerLostWarning
 from .gradients import (
     GRADIENT_MODES,
+    check_node_weight_loss,
     INFERENCE_FREE_LOSSES,
     INFERENCE_METHODS,
     LOSSES,
@@ -158,33 +159,77 @@ def _check_X(X, n_node_features=None, n_edge_features=None):
     return samples, n_node_features, n_edge_features
 
 
-def _check_y(y, samples, n_states=None):
-    """Validate labels; return a list of flat int64 label arrays (one per
-    sample, -1 = unlabelled) and the number of states."""
+def _label_values(y, samples):
+    """Validate the list of label arrays against the samples; return, per
+    sample, the labelled values (1-D, any type) and the flat mask of the
+    labelled nodes (:func:`._graph.split_labels`)."""
     if isinstance(y, (str, bytes)) or not hasattr(y, "__len__"):
         raise TypeError(f"y must be a list of label arrays (one per sample), got {type(y).__name__}")
     if len(y) != len(samples):
         raise ValueError(
             f"X and y have different lengths: X has {len(samples)} samples but y has {len(y)} label arrays"
         )
-    labels = []
+    out = []
     for k, (s, lab) in enumerate(zip(samples, y)):
-        lab = _as_labels(lab, f"y[{k}]")
         try:
-            flat = labels_to_grid(lab, s.sample)
+            flat = labels_to_grid(np.asarray(lab), s.sample)
         except ValueError as exc:
             raise ValueError(f"y[{k}]: label count does not match the node count: {exc}") from None
-        labels.append(np.asarray(flat, dtype=np.int64))
-    max_label = max((int(f.max()) for f in labels if f.size), default=-1)
-    if n_states is None:
-        n_states = max(max_label + 1, 2)
-    elif max_label >= n_states:
-        k = next(k for k, f in enumerate(labels) if f.size and f.max() == max_label)
-        raise ValueError(
-            f"y[{k}] has label {max_label} but n_states={n_states}: labels must lie in "
-            f"[0, {n_states - 1}] (-1 = unlabelled)"
-        )
-    return labels, n_states
+        out.append(split_labels(flat, f"y[{k}]"))
+    return out
+
+
+def _kind(values):
+    """"integer", "bool" or "str": the kind of a non-empty array of labelled values."""
+    return {"b": "bool", "U": "str", "S": "str"}.get(values.dtype.kind, "integer")
+
+
+def _fit_classes(values, classes=None, n_states=None):
+    """The sorted classes of a fit: ``classes`` when given, ``arange(n_states)``
+    for integer labels with ``n_states``, else the labelled values seen."""
+    kinds = {_kind(v) for v in values if v.size}
+    if len(kinds) > 1:
+        raise ValueError(f"y mixes labels of several kinds ({', '.join(sorted(kinds))}): use labels of one type")
+    seen = np.unique(np.concatenate([v for v in values if v.size])) if kinds else np.zeros(0, dtype=np.int64)
+    if classes is not None:
+        found = np.unique(np.asarray(classes))
+        if found.ndim != 1 or found.size != np.size(classes) or found.size < 2:
+            raise ValueError(f"classes must list at least two distinct labels, got {classes!r}")
+        if n_states is not None and n_states != found.size:
+            raise ValueError(f"n_states={n_states} but classes has {found.size} labels: give one of them")
+    elif n_states is not None and kinds <= {"integer"}:
+        found = np.arange(n_states)
+    else:
+        found = seen
+        if n_states is not None and found.size != n_states:
+            raise ValueError(
+                f"n_states={n_states} but y holds {found.size} classes {found.tolist()}: with labels other than "
+                "the integers 0..n_states-1, give the classes themselves (classes=)"
+            )
+        if found.size == 0:
+            raise ValueError("y has no labelled node (every label is -1 or None): nothing to learn from")
+        if found.size < 2:
+            raise ValueError(
+                f"y holds {found.size} class{'es' if found.size != 1 else ''} {found.tolist()}, a CRF needs at least "
+                "two: give classes= (or n_states= for integer labels 0..K-1) when a subset of the data lacks one"
+            )
+    return found
+
+
+def _check_y(y, samples, classes=None, n_states=None):
+    """Validate labels of any type; return a list of flat int64 codes (one
+    array per sample: indices into the classes, -1 = unlabelled) and the
+    sorted classes (:func:`_fit_classes`)."""
+    values = _label_values(y, samples)
+    if classes is None and n_states is not None:
+        for k, (v, _) in enumerate(values):
+            if v.size and _kind(v) == "integer" and v.max() >= n_states:
+                raise ValueError(
+                    f"y[{k}] has label {v.max()} but n_states={n_states}: integer labels must lie in "
+                    f"[0, {n_states - 1}] (-1 = unlabelled); for other labels give classes="
+                )
+    classes = _fit_classes([v for v, _ in values], classes, n_states)
+    return [_encode(v, labelled, classes, f"y[{k}]") for k, (v, labelled) in enumerate(values)], classes
 
 
 def _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g):
@@ -233,6 +278,7 @@ class _FitProgress:
     n_images: int = 0
     stopped: bool = False
     lost_workers: int = 0
+    not_converged: list = field(default_factory=list)  # what L-BFGS could not do, per stage
 
 
 class _StopFit(Exception):
@@ -290,13 +336,37 @@ class MarginalCRF(BaseEstimator):
         Slope of the smoothed classification loss (the paper uses 5, 15, 50).
     reg : float, default=1e-3
         Ridge penalty on all weights, relative to the mean loss per labelled
-        node (the paper's ``lambda``).
+        node (the paper's ``lambda``; with ``class_weight``, the weighted
+        mean).
     max_iter : int, default=200
         Maximum number of L-BFGS iterations of the fit (over all restarts; the
         initialising fits get as many again).
     n_states : int or None, default=None
-        Number of labels K. None infers ``max(y) + 1`` (at least 2); give it in
-        cross-validation, where a fold may lack a label.
+        Number of labels K. With integer labels, ``n_states=K`` makes the
+        classes ``0 .. K-1`` whether or not each occurs in ``y`` (give it in
+        cross-validation, where a fold may lack a label); with other labels
+        it must equal the number of classes in ``y``. None: the classes are
+        the labels found in ``y`` (see ``classes``).
+    classes : array-like or None, default=None
+        The labels of the model, of any type (integers, strings, booleans),
+        whether or not each occurs in ``y``: the way to fit on subsets of the
+        data that lack a class when the labels are not ``0 .. K-1``.
+        ``classes_`` holds them sorted. None: the labels found in ``y``
+        (``arange(n_states)`` with integer labels and ``n_states``); a
+        subset with a single class then raises ValueError.
+    class_weight : dict, "balanced" or None, default=None
+        Weights of the labelled nodes by their label: each node's term of
+        the loss (and of the initialising independent fit) is multiplied by
+        its class's weight, and the objective is the weighted mean over the
+        labelled nodes. A dict maps classes to weights (missing classes
+        weigh 1); ``"balanced"`` weighs class ``c`` by ``n_labelled / (K *
+        n_c)`` over the labelled nodes of the fit, as in
+        :class:`~sklearn.linear_model.LogisticRegression`. Edge terms
+        (``clique_logistic``, the edge pieces of ``piecewise``) weigh the mean
+        of their two nodes' weights; a ``pseudolikelihood`` term weighs its
+        node's. ``surrogate_likelihood`` is not a sum over nodes and raises
+        ValueError (the initialising surrogate fit of
+        ``smooth_classification`` runs unweighted).
     init : {"independent", "zeros"}, default="independent"
         Starting weights. ``"independent"`` first fits the independent model
         (univariate logistic loss) and starts from its ``F`` with ``G = 0``;
@@ -377,8 +447,11 @@ class MarginalCRF(BaseEstimator):
         ``G``; ``G[a, b, f]`` weighs feature ``f`` of edge (i, j) for
         ``x_i = a, x_j = b``.
     n_states_ : int
+        ``len(classes_)``.
     classes_ : ndarray of shape (n_states,)
-        ``arange(n_states_)``.
+        The labels, sorted (``classes``, ``arange(n_states)`` with integer
+        labels, or those found in ``y``): ``predict`` answers in them and the
+        last axis of ``predict_proba`` follows them.
     n_node_features_, n_edge_features_ : int
     n_iter_ : int
         L-BFGS iterations of the final fit (over its restarts and
@@ -401,8 +474,16 @@ class MarginalCRF(BaseEstimator):
     ``X`` is a list of samples: ``(node_features (n, Fu), edges (E, 2),
     edge_features (E, Fe))`` triples or :class:`~sklearn_margcrf.CRFSample`
     objects (which may carry a grid and an image shape). ``y`` is a list of
-    integer label arrays, one label per node ((n,), the sample's grid shape,
-    or its image shape), -1 marking an unlabelled node.
+    label arrays, one label per node ((n,), the sample's grid shape, or its
+    image shape), encoded like scikit-learn's classifiers do (``classes_``):
+
+    - integers (a 0/255 mask gives the two classes 0 and 255): -1 marks an
+      unlabelled node, other negative labels are refused;
+    - floats must hold whole numbers and are read as integers (a mask stored
+      as float); fractions, NaN and infinities raise ValueError;
+    - booleans and strings: every node is labelled, or use an object array
+      in which ``None`` marks the unlabelled nodes (``None`` also works in
+      object arrays of integers).
     """
 
     _parameter_constraints: dict = {
@@ -416,6 +497,8 @@ class MarginalCRF(BaseEstimator):
         "reg": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "n_states": [None, Interval(Integral, 2, None, closed="left")],
+        "classes": [None, "array-like"],
+        "class_weight": [None, dict, StrOptions({"balanced"})],
         "init": [StrOptions({"independent", "zeros"})],
         "n_jobs": [None, Interval(Integral, None, -1, closed="right"), Interval(Integral, 1, None, closed="left")],
         "verbose": ["verbose"],
@@ -445,6 +528,8 @@ class MarginalCRF(BaseEstimator):
         reg=1e-3,
         max_iter=200,
         n_states=None,
+        classes=None,
+        class_weight=None,
         init="independent",
         n_jobs=None,
         verbose=0,
@@ -470,6 +555,8 @@ class MarginalCRF(BaseEstimator):
         self.reg = reg
         self.max_iter = max_iter
         self.n_states = n_states
+        self.classes = classes
+        self.class_weight = class_weight
         self.init = init
         self.n_jobs = n_jobs
         self.verbose = verbose
@@ -536,10 +623,11 @@ class MarginalCRF(BaseEstimator):
                 f"gradient_mode={self.gradient_mode!r}: {exc}"
             ) from None
 
-    def _objective(self, loss, inference, shape_f, shape_g, prediction=False):
-        """The :class:`CRFObjective` of ``loss`` under ``inference``; for
-        prediction, inference runs ``n_iter`` iterations after truncated
-        fitting and to ``tol`` otherwise."""
+    def _objective(self, loss, inference, shape_f, shape_g, prediction=False, class_weight=None):
+        """The :class:`CRFObjective` of ``loss`` under ``inference`` (with the
+        weights of the classes, a tuple, or None); for prediction, inference
+        runs ``n_iter`` iterations after truncated fitting and to ``tol``
+        otherwise."""
         truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES and inference != "exact"
         n_iter = None if prediction and not truncated else int(self.n_iter)
         settings = _Settings(
@@ -548,7 +636,28 @@ class MarginalCRF(BaseEstimator):
             alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
             checkpoints=self.checkpoints,
         )
-        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype))
+        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype), class_weight)
+
+    def _class_weights(self, classes, labels):
+        """``class_weight`` as a tuple of weights by label code, or None."""
+        if self.class_weight is None:
+            return None
+        check_node_weight_loss(self.loss, "class_weight")
+        if isinstance(self.class_weight, str):  # "balanced", over the labelled nodes
+            counts = np.bincount(np.concatenate([lab[lab >= 0] for lab in labels]), minlength=len(classes))
+            weights = counts.sum() / (len(classes) * np.maximum(counts, 1))
+        else:
+            weights = np.ones(len(classes))
+            for label, weight in self.class_weight.items():
+                index = np.flatnonzero(classes == label) if np.asarray(label).dtype.kind == classes.dtype.kind else []
+                if len(index) != 1:
+                    raise ValueError(f"class_weight has class {label!r}, which is not among the classes {classes.tolist()}")
+                if isinstance(weight, bool) or not isinstance(weight, Real) or not np.isfinite(weight) or weight < 0:
+                    raise ValueError(f"class_weight[{label!r}] must be a finite number >= 0, got {weight!r}")
+                weights[index[0]] = weight
+            if not np.any(weights[np.unique(np.concatenate([lab[lab >= 0] for lab in labels]))] > 0):
+                raise ValueError(f"class_weight={self.class_weight!r} weighs every labelled node 0: nothing to learn from")
+        return tuple(float(w) for w in weights)
 
     def _stages(self, n_samples):
         """(image indices, L-BFGS iterations) of each stage of the fit.
@@ -585,8 +694,9 @@ class MarginalCRF(BaseEstimator):
         ----------
         X : list of samples
             ``(node_features, edges, edge_features)`` triples or ``CRFSample``.
-        y : list of int arrays
-            One label per node ((n,), grid or image shape), -1 = unlabelled.
+        y : list of label arrays
+            One label per node ((n,), grid or image shape), of any type (see
+            Notes); -1 (integer labels) or None (object arrays) = unlabelled.
         unary_coef_init : ndarray of shape (n_states, n_node_features), default=None
             Starting ``F`` (scikit-learn's ``coef_init`` convention). When it
             or ``pairwise_coef_init`` is given, L-BFGS starts from them (the
@@ -613,10 +723,11 @@ class MarginalCRF(BaseEstimator):
             )
         check_random_state(self.random_state)
         samples, n_node_features, n_edge_features = _check_X(X)
-        labels, n_states = _check_y(y, samples, self.n_states)
+        labels, classes = _check_y(y, samples, self.classes, self.n_states)
+        n_states = len(classes)
         n_labelled = int(sum(np.count_nonzero(lab >= 0) for lab in labels))
         if n_labelled == 0:
-            raise ValueError("y has no labelled node (every label is -1): nothing to learn from")
+            raise ValueError("y has no labelled node (every label is -1 or None): nothing to learn from")
 
         shape_f = (n_states, n_node_features)
         shape_g = (n_states, n_states, n_edge_features)
@@ -643,8 +754,9 @@ class MarginalCRF(BaseEstimator):
         if self.inference == "independent":
             pairwise_coef = np.zeros(shape_g)
 
-        objective = self._objective(self.loss, self.inference, shape_f, shape_g)
-        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g)
+        class_weight = self._class_weights(classes, labels)
+        objective = self._objective(self.loss, self.inference, shape_f, shape_g, class_weight=class_weight)
+        independent = self._objective("univariate_logistic", "independent", shape_f, shape_g, class_weight=class_weight)
         if cluster_client() is None:  # a cluster's workers have memory of their own
             check_fit_memory(samples, labels, plan_groups(samples, self.n_jobs), objective, self.checkpoints, self.n_jobs)
         initialise = not warm and given is None  # the initialising fits of init="independent"
@@ -673,14 +785,16 @@ class MarginalCRF(BaseEstimator):
             if start_independent:
                 self._log("init: fitting the independent model (univariate logistic)")
                 (unary_coef, _), _ = self._fit_weights(
-                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef, n_labelled,
+                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef,
+                    independent.total_weight(labels),
                     "independent", progress, int(self.max_iter),
                 )
             for stage, (indices, stage_max_iter) in enumerate(stages):
                 if progress.stopped:  # by the callback
                     break
                 stage_labelled = int(sum(np.count_nonzero(labels[k] >= 0) for k in indices))
-                if stage_labelled == 0:
+                stage_weight = objective.total_weight([labels[k] for k in indices])
+                if stage_weight == 0:
                     continue
                 name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
                 with contextlib.ExitStack() as stage_scope:
@@ -688,7 +802,7 @@ class MarginalCRF(BaseEstimator):
                     if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
                         (unary_coef, pairwise_coef), _ = self._fit_weights(
-                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,
+                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,  # unweighted
                             unary_coef, pairwise_coef, stage_labelled, "surrogate_likelihood", progress,
                             stage_max_iter,
                         )
@@ -696,7 +810,7 @@ class MarginalCRF(BaseEstimator):
                         if progress.stopped:
                             break
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
-                        objective, batches, unary_coef, pairwise_coef, stage_labelled, name, progress,
+                        objective, batches, unary_coef, pairwise_coef, stage_weight, name, progress,
                         stage_max_iter, warn=stage == len(stages) - 1,
                     )
                 for key in info:
@@ -705,7 +819,7 @@ class MarginalCRF(BaseEstimator):
         self.unary_coef_ = unary_coef
         self.pairwise_coef_ = pairwise_coef
         self.n_states_ = n_states
-        self.classes_ = np.arange(n_states)
+        self.classes_ = classes
         self.n_node_features_ = n_node_features
         self.n_edge_features_ = n_edge_features
         self.n_iter_ = info["n_iter"]
@@ -714,6 +828,7 @@ class MarginalCRF(BaseEstimator):
         self.time_curve_ = info["time_curve"]
         self.kernel_time_ = progress.kernel_time
         self._warn_diagnostics(progress.diagnostics, progress.n_images, "per-image gradient computations", "fit")
+        self._warn_not_converged(progress.not_converged)
         self.fit_time_ = time.perf_counter() - progress.start
         return self
 
@@ -756,6 +871,27 @@ class MarginalCRF(BaseEstimator):
             raise WorkerLostError(f"{cause}; {remedies}. joblib said: {said}") from lost
         warn_at_caller(f"{cause}; fresh workers recomputed that evaluation, so the fit is unchanged. If it happens "
                        f"again the fit stops: {remedies}", WorkerLostWarning)
+
+    @staticmethod
+    def _warn_not_converged(stages):
+        """One ConvergenceWarning for the stages of a fit (initialising fits
+        included) where L-BFGS stopped before ``lbfgs_tol``, saying what to do."""
+        if not stages:
+            return
+        advice = []
+        if any("max_iter=" in s for s in stages):
+            advice.append("raise max_iter (or loosen lbfgs_tol) to fit further")
+        if any("line search" in s for s in stages):
+            advice.append(
+                "a failed line search means the gradient is inexact at these weights (approximate inference, "
+                "too few n_iter, a loose tol) or the objective is flat to rounding; the model is usable, and raising "
+                "max_restarts, n_iter or inference_max_iter, tightening tol, or raising reg may let it go further"
+            )
+        warn_at_caller(
+            f"L-BFGS stopped before lbfgs_tol in {len(stages)} stage{'s' if len(stages) > 1 else ''} of the fit "
+            f"({'; '.join(stages)}); the model keeps the weights reached. To go on: {'; '.join(advice) or 'see n_iter_'}",
+            ConvergenceWarning,
+        )
 
     def _warn_diagnostics(self, diagnostics, n_images, computations, where):
         """One warning per kind of :class:`_Diagnostics`, with how often it occurred."""
@@ -853,10 +989,15 @@ class MarginalCRF(BaseEstimator):
             break
         if warn and result is not None and result.status != 0:
             if n_iter >= max_iter:
-                message = f"L-BFGS reached max_iter={max_iter} iterations ({stage}) without converging; increase max_iter"
+                progress.not_converged.append(f"{stage}: reached max_iter={max_iter} iterations")
+            elif result.status == 2:  # scipy's "ABNORMAL": the line search found no decrease
+                progress.not_converged.append(
+                    f"{stage}: after {n_iter} iterations and {n_restarts} restarts (max_restarts="
+                    f"{self.max_restarts}), the line search found no lower objective along the search direction "
+                    f"(scipy: {str(result.message).rstrip(': ') or 'ABNORMAL'})"
+                )
             else:
-                message = f"L-BFGS stopped early ({stage}): {result.message}"
-            warn_at_caller(message, ConvergenceWarning)
+                progress.not_converged.append(f"{stage}: stopped after {n_iter} iterations ({result.message})")
         if not np.all(np.isfinite(w)):
             raise FloatingPointError(f"the {stage} weights became non-finite; try a larger reg or fewer n_iter")
         return w, {"n_iter": n_iter, "n_restarts": n_restarts, "loss_curve": curve, "time_curve": times}
@@ -880,7 +1021,8 @@ class MarginalCRF(BaseEstimator):
 
     def predict_proba(self, X):
         """Marginals of every sample: (n, K), (H, W, K) on a grid, or upsampled to
-        the image size when the sample carries one.
+        the image size when the sample carries one. The last axis follows
+        ``classes_``.
 
         Returns
         -------
@@ -894,15 +1036,35 @@ class MarginalCRF(BaseEstimator):
 
         Returns
         -------
-        list of int ndarray
-            (n,), (H, W) or the image shape.
+        list of ndarray
+            Labels among ``classes_`` (of their dtype), of shape (n,), (H, W)
+            or the image shape.
         """
-        return [np.argmax(p, axis=-1).astype(np.int64) for p in self.predict_proba(X)]
+        return [self.classes_[np.argmax(p, axis=-1)] for p in self.predict_proba(X)]
 
     def score(self, X, y):
-        """1 - Hamming error over the labelled nodes of all samples."""
+        """Accuracy (1 - Hamming error) over the labelled nodes of all
+        samples, counted at the nodes of the CRF grid.
+
+        With features computed at ``scale < 1`` the grid is coarser than the
+        image: labels given at image size are reduced to the grid (nearest
+        neighbour), as in ``fit``, while ``predict`` answers at the image
+        size. To score at the image size, use
+        ``sklearn_margcrf.metrics.get_scorer("node_accuracy", resolution="image")``.
+
+        Parameters
+        ----------
+        X : list of samples
+        y : list of label arrays
+            Labels among ``classes_`` (None, or -1 for integer labels, =
+            unlabelled); a label outside ``classes_`` raises ValueError.
+
+        Returns
+        -------
+        float
+        """
         from .metrics import hamming_error_from_marginals
 
         samples, marginals = self._node_marginals(X)
-        labels, _ = _check_y(y, samples, self.n_states_)
+        labels, _ = _check_y(y, samples, self.classes_)
         return 1.0 - hamming_error_from_marginals(labels, marginals)

@@ -90,7 +90,7 @@ from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted
 
-from ._graph import _as_labels, grid_edges
+from ._graph import grid_edges, split_labels
 from .sample import CRFSample, as_sample, labels_to_grid
 
 __all__ = [
@@ -952,12 +952,12 @@ def _labelled_nodes(samples, y):
     features, labels = [], []
     for k, (sample, lab) in enumerate(zip(samples, y)):
         try:
-            flat = labels_to_grid(_as_labels(lab, f"y[{k}]"), sample)
+            flat = labels_to_grid(np.asarray(lab), sample)
         except ValueError as exc:
             raise ValueError(f"y[{k}]: {exc}") from None
-        observed = flat >= 0
+        values, observed = split_labels(flat, f"y[{k}]")
         features.append(np.asarray(sample[0])[observed])
-        labels.append(flat[observed])
+        labels.append(values)
     return np.concatenate(features), np.concatenate(labels)
 
 

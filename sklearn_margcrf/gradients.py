@@ -54,6 +54,9 @@ __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
 LIKELIHOOD_LOSSES = ("surrogate_likelihood",)
 INFERENCE_FREE_LOSSES = ("pseudolikelihood", "piecewise")
 LOSSES = MARGINAL_LOSSES + LIKELIHOOD_LOSSES + INFERENCE_FREE_LOSSES
+#: The losses that are sums of node (and edge) terms, so that each term can be
+#: weighed (``node_weight``, the estimator's ``class_weight``).
+WEIGHTED_LOSSES = MARGINAL_LOSSES + INFERENCE_FREE_LOSSES
 GRADIENT_MODES = ("truncated", "backprop", "perturbation", "implicit")
 SIDES = (1, 2, 4)
 #: The smallest perturbation multiplier m: the largest step component,
@@ -337,13 +340,23 @@ class _Settings:
     checkpoints: int = None
 
 
-def _loss_and_grad(edges, unary, pairwise, labels, settings):
+def check_node_weight_loss(loss, what="node_weight"):
+    """ValueError when ``loss`` is not a sum over nodes that ``what`` could weigh."""
+    if loss not in WEIGHTED_LOSSES:
+        raise ValueError(
+            f"{what} does not apply to loss={loss!r}, which is not a sum of terms over nodes; "
+            f"it applies to {', '.join(WEIGHTED_LOSSES)}"
+        )
+
+
+def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None):
     """:func:`loss_and_grad` of validated inputs, with its diagnostics
     returned (:class:`_Diagnostics`) instead of warned:
-    ``(value, grad_unary, grad_pairwise, diagnostics)``."""
+    ``(value, grad_unary, grad_pairwise, diagnostics)``. ``node_weight``
+    (n,) weighs the terms of the losses of ``WEIGHTED_LOSSES``."""
     if settings.loss in INFERENCE_FREE_LOSSES:
         value, grad_unary, grad_pairwise = (pseudolikelihood if settings.loss == "pseudolikelihood" else piecewise)(
-            edges, unary, pairwise, labels
+            edges, unary, pairwise, labels, node_weight
         )
         return value, grad_unary, grad_pairwise, _Diagnostics()
     rho = resolve_rho(settings.rho, settings.inference, unary.shape[0], edges)
@@ -352,11 +365,13 @@ def _loss_and_grad(edges, unary, pairwise, labels, settings):
         settings.max_iter, rho, settings.sides, settings.multiplier, settings.checkpoints,
     )
     if settings.loss == "surrogate_likelihood":
+        if node_weight is not None:
+            check_node_weight_loss(settings.loss)
         value, grad_unary, grad_pairwise = _surrogate_likelihood(problem, labels)
     else:
         state, result = problem.forward()
         value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise, edges, labels,
-                                                 alpha=settings.alpha)
+                                                 alpha=settings.alpha, node_weight=node_weight)
         grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
     return float(value), grad_unary, grad_pairwise, problem.diagnostics
 
@@ -389,6 +404,7 @@ def loss_and_grad(
     sides=2,
     multiplier=1.0,
     checkpoints=None,
+    node_weight=None,
 ):
     """Loss of one labelled example and its gradient with respect to theta.
 
@@ -444,11 +460,21 @@ def loss_and_grad(
         per iteration while they fit
         ``sklearn_margcrf._checkpoints.STACK_MEMORY_BUDGET`` (1 GiB) and as
         many as fit otherwise.
+    node_weight : array-like of shape (n,) or None, default=None
+        Non-negative weight of each node's term of the loss: the loss is
+        ``sum_i node_weight[i] * L_i`` (an edge term of ``clique_logistic``
+        or of ``piecewise`` weighs the mean of its two nodes' weights; a
+        ``pseudolikelihood`` term its node's). None weighs every term 1.
+        For the losses that are sums over nodes (``univariate_logistic``,
+        ``clique_logistic``, ``univariate_quadratic``,
+        ``smooth_classification``, ``pseudolikelihood``, ``piecewise``);
+        ``surrogate_likelihood`` raises ValueError.
 
     Returns
     -------
     value : float
-        The loss to minimise, summed over nodes / edges.
+        The loss to minimise, summed (with ``node_weight``: weighted) over
+        nodes / edges.
     grad_unary : ndarray (n, K)
     grad_pairwise : ndarray (E, K, K)
     """
@@ -468,6 +494,13 @@ def loss_and_grad(
             f"perturbation step rounds away in {unary.dtype} and gives a zero gradient"
         )
     checkpoints = check_checkpoints(checkpoints)
+    if node_weight is not None:
+        check_node_weight_loss(loss)
+        node_weight = np.asarray(node_weight, dtype=np.float64)
+        if node_weight.shape != (n_nodes,):
+            raise ValueError(f"node_weight must have shape (n,) = ({n_nodes},), got {node_weight.shape}")
+        if not np.all(np.isfinite(node_weight)) or np.any(node_weight < 0):
+            raise ValueError("node_weight must hold finite non-negative weights")
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
     if gradient_mode == "truncated" and n_iter is None and loss not in INFERENCE_FREE_LOSSES:
         raise ValueError("gradient_mode='truncated' needs an integer n_iter (the number of iterations to differentiate)")
@@ -481,7 +514,7 @@ def loss_and_grad(
             resolve_rho(rho, method, n_nodes, edges)
     settings = _Settings(loss, inference, gradient_mode, n_iter, tol, max_iter, rho, float(alpha), int(sides), multiplier,
                          checkpoints)
-    value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, settings)
+    value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight)
     for category, message in diagnostics.warnings(settings):
         warn_at_caller(message, category)
     return value, grad_unary, grad_pairwise

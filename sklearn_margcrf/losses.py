@@ -31,6 +31,13 @@ variables only.  Precisely,
   every neighbour of i* are observed -- terms touching a hidden node are
   dropped (the conditional p(x_i | x_N(i)) is undefined without them).
 
+Node weights (``node_weight``, optional, (n,) non-negative): every term is
+multiplied by the weight of its node; an edge term (``clique_logistic``, the
+edge pieces of ``piecewise``) by the mean of its two nodes' weights; a
+``pseudolikelihood`` term by its node's. ``None`` weighs every term 1 (and
+computes exactly as without weights). Class weights of the estimator are
+node weights given by each node's label.
+
 Precision: every function computes in the dtype of its array arguments
 (float32 when they are float32, float64 otherwise) and returns gradients of
 that dtype.
@@ -83,6 +90,25 @@ def _labels_and_mask(labels):
     return labels, observed, safe
 
 
+def _weighted_sum(values, weights):
+    """``sum(values)``, or ``sum(weights * values)`` when weights are given."""
+    return values.sum() if weights is None else (weights * values).sum()
+
+
+def _scaled(grad, weights):
+    """``grad`` with each row (node or edge) multiplied by its weight (in place)."""
+    if weights is not None:
+        grad *= weights.reshape((-1,) + (1,) * (grad.ndim - 1)).astype(grad.dtype, copy=False)
+    return grad
+
+
+def _edge_weight(edges, node_weight):
+    """The weight of each edge term: the mean of its two nodes' weights (None stays None)."""
+    if node_weight is None:
+        return None
+    return 0.5 * (node_weight[edges[:, 0]] + node_weight[edges[:, 1]])
+
+
 def _edge_mask(edges, observed):
     if edges.shape[0] == 0:
         return np.zeros(0, dtype=bool)
@@ -116,15 +142,16 @@ def _check_alpha(alpha):
 # ---------------------------------------------------------------------------
 
 
-def _univariate_logistic(mu, observed, safe):
+def _univariate_logistic(mu, observed, safe, weight=None):
     nodes = np.flatnonzero(observed)
     grad = np.zeros_like(mu)
     value, g = _neg_log_and_grad(mu[nodes, safe[nodes]])
-    grad[nodes, safe[nodes]] = g
-    return float(value.sum()), grad
+    w = None if weight is None else weight[nodes]
+    grad[nodes, safe[nodes]] = _scaled(g, w)
+    return float(_weighted_sum(value, w)), grad
 
 
-def _clique_logistic(mu2, edges, observed, safe):
+def _clique_logistic(mu2, edges, observed, safe, weight=None):
     grad = np.zeros_like(mu2)
     kept = np.flatnonzero(_edge_mask(edges, observed))
     if kept.size == 0:
@@ -132,19 +159,21 @@ def _clique_logistic(mu2, edges, observed, safe):
     a = safe[edges[kept, 0]]
     b = safe[edges[kept, 1]]
     value, g = _neg_log_and_grad(mu2[kept, a, b])
-    grad[kept, a, b] = g
-    return float(value.sum()), grad
+    w = _edge_weight(edges[kept], weight)
+    grad[kept, a, b] = _scaled(g, w)
+    return float(_weighted_sum(value, w)), grad
 
 
-def _univariate_quadratic(mu, observed, safe):
+def _univariate_quadratic(mu, observed, safe, weight=None):
     n, k = mu.shape
     target = np.zeros_like(mu)
     target[np.arange(n), safe] = 1.0
     diff = (mu - target) * observed[:, None]
-    return float(np.sum(diff * diff)), 2.0 * diff
+    square = diff * diff
+    return float(_weighted_sum(square if weight is None else square.sum(axis=1), weight)), _scaled(2.0 * diff, weight)
 
 
-def _smooth_classification(mu, observed, safe, alpha):
+def _smooth_classification(mu, observed, safe, alpha, weight=None):
     n, k = mu.shape
     grad = np.zeros_like(mu)
     nodes = np.flatnonzero(observed)
@@ -161,12 +190,14 @@ def _smooth_classification(mu, observed, safe, alpha):
     at = alpha * t
     value = expit(at)  # 1 / (1 + exp(-alpha t)), stable for any |alpha t|
     slope = alpha * expit(at) * expit(-at)  # dS/dt, no overflow either
+    w = None if weight is None else weight[nodes]
+    slope = _scaled(slope, w)
     grad[nodes, rival] += slope
     grad[nodes, truth] -= slope
-    return float(value.sum()), grad
+    return float(_weighted_sum(value, w)), grad
 
 
-def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alpha=None):
+def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alpha=None, node_weight=None):
     """A marginal-based loss and its gradient with respect to the marginals.
 
     Parameters
@@ -192,6 +223,9 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     alpha : float, optional
         Sigmoid sharpness, required (> 0) for ``"smooth_classification"``
         (the paper uses 5, 15, 50); ignored by the other losses.
+    node_weight : (n,) array, optional
+        Weight of each node's term (an edge's: the mean of its ends'); see
+        the module docstring.
 
     Returns
     -------
@@ -224,16 +258,17 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
         mu2 = np.asarray(pairwise_marginals, dtype=dtype)
     zero_pairwise = np.zeros((edges.shape[0], n_states, n_states), dtype)
 
+    weight = None if node_weight is None else np.asarray(node_weight, dtype=np.float64)
     if name == "univariate_logistic":
-        value, grad = _univariate_logistic(mu, observed, safe)
+        value, grad = _univariate_logistic(mu, observed, safe, weight)
         return value, grad, zero_pairwise
     if name == "clique_logistic":
-        value, grad2 = _clique_logistic(mu2, edges, observed, safe)
+        value, grad2 = _clique_logistic(mu2, edges, observed, safe, weight)
         return value, np.zeros_like(mu), grad2
     if name == "univariate_quadratic":
-        value, grad = _univariate_quadratic(mu, observed, safe)
+        value, grad = _univariate_quadratic(mu, observed, safe, weight)
         return value, grad, zero_pairwise
-    value, grad = _smooth_classification(mu, observed, safe, alpha)
+    value, grad = _smooth_classification(mu, observed, safe, alpha, weight)
     return value, grad, zero_pairwise
 
 
@@ -251,7 +286,7 @@ def _model_and_labels(edges, unary, pairwise, labels):
     return (edges, unary, pairwise) + tuple(_labels_and_mask(labels))
 
 
-def pseudolikelihood(edges, unary, pairwise, labels):
+def pseudolikelihood(edges, unary, pairwise, labels, node_weight=None):
     """Negative pseudolikelihood ``-sum_i log p(x_i | x_N(i))`` and its gradient.
 
     ``p(x_i = a | x_N(i)) ∝ exp(theta_i(a) + sum_{c ∋ i} theta_c(a, x_j))``,
@@ -286,11 +321,14 @@ def pseudolikelihood(edges, unary, pairwise, labels):
     keep = observed & (hidden_neighbours == 0)
 
     log_norm = logsumexp(scores, axis=1)
-    value = -np.sum((scores[np.arange(n), safe] - log_norm)[keep])
+    weight = None if node_weight is None else np.asarray(node_weight, dtype=np.float64)[keep]
+    value = -_weighted_sum((scores[np.arange(n), safe] - log_norm)[keep], weight)
 
     g = softmax(scores, axis=1)
     g[np.arange(n), safe] -= 1.0
     g *= keep[:, None]  # d(value)/d(scores)
+    if node_weight is not None:
+        _scaled(g, np.asarray(node_weight, dtype=np.float64))
 
     grad_pairwise = np.zeros_like(pairwise)
     if n_edges:
@@ -300,7 +338,7 @@ def pseudolikelihood(edges, unary, pairwise, labels):
     return float(value), g, grad_pairwise
 
 
-def piecewise(edges, unary, pairwise, labels):
+def piecewise(edges, unary, pairwise, labels, node_weight=None):
     """Negative piecewise likelihood with one piece per node and per edge.
 
     ``-( sum_i [theta_i(x_i) - logsumexp theta_i] + sum_c [theta_c(x_c) - logsumexp theta_c] )``
@@ -318,11 +356,13 @@ def piecewise(edges, unary, pairwise, labels):
     n, k = unary.shape
     n_edges = edges.shape[0]
 
+    weight = None if node_weight is None else np.asarray(node_weight, dtype=np.float64)
     node_value = unary[np.arange(n), safe] - logsumexp(unary, axis=1)
     grad_unary = softmax(unary, axis=1)
     grad_unary[np.arange(n), safe] -= 1.0
     grad_unary *= observed[:, None]
-    value = -np.sum(node_value[observed])
+    _scaled(grad_unary, weight)
+    value = -_weighted_sum(node_value[observed], None if weight is None else weight[observed])
 
     grad_pairwise = np.zeros_like(pairwise)
     if n_edges:
@@ -331,9 +371,11 @@ def piecewise(edges, unary, pairwise, labels):
         cell = safe[edges[:, 0]] * k + safe[edges[:, 1]]
         ar = np.arange(n_edges)
         edge_value = flat[ar, cell] - logsumexp(flat, axis=1)
-        value -= np.sum(edge_value[kept])
+        edge_weight = _edge_weight(edges, weight)
+        value -= _weighted_sum(edge_value[kept], None if edge_weight is None else edge_weight[kept])
         g = softmax(flat, axis=1)
         g[ar, cell] -= 1.0
         g *= kept[:, None]
+        _scaled(g, edge_weight)
         grad_pairwise = g.reshape(n_edges, k, k)
     return float(value), grad_unary, grad_pairwise

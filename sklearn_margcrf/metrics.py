@@ -4,9 +4,13 @@ The marginals are the product of marginal-based learning, so models can be
 selected on their calibration as well as on their accuracy.
 
 Plain functions take lists (one entry per sample) of label arrays and of
-marginals; labels equal to -1 are unlabelled and ignored. Labels and marginals
-of one sample may have any matching spatial shape: (n,) and (n, K), or (H, W)
-and (H, W, K).
+marginals; unlabelled nodes (-1 in integer labels, None in object arrays) are
+ignored. Labels and marginals of one sample may have any matching spatial
+shape: (n,) and (n, K), or (H, W) and (H, W, K). Labels may be of any type
+(as for :class:`~sklearn_margcrf.MarginalCRF`); the marginals' last axis
+follows ``classes`` (the estimator's ``classes_``), or, without ``classes``,
+the labels are the integers ``0 .. K-1``. The scorers encode ``y`` with the
+fitted estimator's ``classes_`` and hand the functions integer codes.
 
 Scorers are callables ``scorer(estimator, X, y)`` (greater is better), usable
 as ``scoring=`` in :class:`~sklearn.model_selection.GridSearchCV`, alone or in
@@ -63,7 +67,7 @@ what ``predict_proba`` returns.
 import numpy as np
 from sklearn.pipeline import Pipeline
 
-from ._graph import _as_labels
+from ._graph import _as_labels, encode_labels, split_labels
 from .sample import labels_to_grid
 
 __all__ = [
@@ -90,16 +94,20 @@ def _check_lists(y_true, y_other, name):
         raise ValueError("no samples to score")
 
 
-def _flat_labels(labels, size, k, name, n_states=None):
+def _flat_labels(labels, size, k, name, n_states=None, classes=None):
+    """Integer codes (-1 = unlabelled) of ``y_true[k]``: its labels
+    themselves (integers in [0, n_states)), or their indices in ``classes``."""
     labels = np.asarray(labels)
     if labels.size != size:
         raise ValueError(
             f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but {name}[{k}] has {size} entries"
         )
+    if classes is not None:
+        return encode_labels(labels, np.asarray(classes), f"y_true[{k}]").reshape(-1)
     return _as_labels(labels, f"y_true[{k}]", n_states).reshape(-1)
 
 
-def _labelled(y_true, marginals):
+def _labelled(y_true, marginals, classes=None):
     """Stack the labelled nodes: (labels (N,), marginals (N, K))."""
     _check_lists(y_true, marginals, "marginals")
     labels_out, marg_out = [], []
@@ -113,7 +121,9 @@ def _labelled(y_true, marginals):
         elif mu.shape[-1] != n_states:
             raise ValueError(f"marginals[{k}] has {mu.shape[-1]} states but marginals[0] has {n_states}")
         mu = mu.reshape(-1, n_states)
-        flat = _flat_labels(labels, mu.shape[0], k, "marginals", n_states)  # n_states: the marginals' K
+        if classes is not None and len(classes) != n_states:
+            raise ValueError(f"classes has {len(classes)} labels but marginals[{k}] has {n_states} states")
+        flat = _flat_labels(labels, mu.shape[0], k, "marginals", n_states, classes)  # n_states: the marginals' K
         observed = flat >= 0
         labels_out.append(flat[observed])
         marg_out.append(mu[observed])
@@ -128,18 +138,22 @@ def hamming_error(y_true, y_pred):
 
     Parameters
     ----------
-    y_true, y_pred : list of int arrays
-        One array per sample, of matching sizes; -1 in ``y_true`` = unlabelled.
+    y_true, y_pred : list of label arrays
+        One array per sample, of matching sizes, labels of any type;
+        unlabelled nodes of ``y_true`` (-1, or None in object arrays) are
+        ignored.
     """
     _check_lists(y_true, y_pred, "y_pred")
     errors = 0
     total = 0
     for k, (labels, pred) in enumerate(zip(y_true, y_pred)):
         pred = np.asarray(pred).reshape(-1)
-        flat = _flat_labels(labels, pred.size, k, "y_pred")
-        observed = flat >= 0
-        errors += int(np.count_nonzero(pred[observed] != flat[observed]))
-        total += int(np.count_nonzero(observed))
+        labels = np.asarray(labels)
+        if labels.size != pred.size:
+            raise ValueError(f"y_true[{k}] has {labels.size} labels (shape {labels.shape}) but y_pred[{k}] has {pred.size}")
+        values, observed = split_labels(labels.reshape(-1), f"y_true[{k}]")
+        errors += int(np.count_nonzero(pred[observed] != values))
+        total += values.size
     if total == 0:
         raise ValueError("y_true has no labelled node (every label is -1): nothing to score")
     return errors / total
@@ -151,23 +165,28 @@ def node_accuracy(y_true, y_pred):
 
 
 def hamming_error_from_marginals(y_true, marginals):
-    """Hamming error of the maximum posterior marginal labels."""
+    """Hamming error of the maximum posterior marginal labels (``y_true``: integer codes)."""
     labels, mu = _labelled(y_true, marginals)
     return float(np.count_nonzero(np.argmax(mu, axis=1) != labels)) / labels.size
 
 
-def marginal_log_loss(y_true, marginals, eps=1e-15):
+def marginal_log_loss(y_true, marginals, eps=1e-15, *, classes=None):
     """Mean of ``-log mu_i(y_i)`` over the labelled nodes (marginals clipped
-    below at ``eps``)."""
-    labels, mu = _labelled(y_true, marginals)
+    below at ``eps``).
+
+    ``classes``: the labels that the marginals' last axis follows (an
+    estimator's ``classes_``); None: the labels are the integers ``0 .. K-1``.
+    """
+    labels, mu = _labelled(y_true, marginals, classes)
     p = np.clip(mu[np.arange(labels.size), labels], eps, 1.0)
     return float(-np.mean(np.log(p)))
 
 
-def marginal_brier_score(y_true, marginals):
+def marginal_brier_score(y_true, marginals, *, classes=None):
     """Mean over the labelled nodes of ``sum_k (mu_i(k) - [y_i = k])^2``
-    (multiclass Brier score; in [0, 2])."""
-    labels, mu = _labelled(y_true, marginals)
+    (multiclass Brier score; in [0, 2]); ``classes`` as for
+    :func:`marginal_log_loss`."""
+    labels, mu = _labelled(y_true, marginals, classes)
     diff = mu.copy()
     diff[np.arange(labels.size), labels] -= 1.0
     return float(np.mean(np.sum(diff * diff, axis=1)))
@@ -214,6 +233,9 @@ class _StructuredScorer:
             labels, marginals = _node_level(estimator, X, y)
         else:
             labels, marginals = list(y), estimator.predict_proba(X)
+        classes = getattr(estimator, "classes_", None)
+        if classes is not None:  # the score functions see codes: column indices of the marginals
+            labels = [encode_labels(lab, np.asarray(classes), f"y[{k}]") for k, lab in enumerate(labels)]
         if self._response == "predict":
             prediction = [np.argmax(np.asarray(mu), axis=-1) for mu in marginals]
             return self._sign * self._score_func(labels, prediction)
@@ -231,7 +253,11 @@ def make_structured_scorer(
     Parameters
     ----------
     score_func : callable
-        ``score_func(y_true, response)`` on lists over samples.
+        ``score_func(y_true, response)`` on lists over samples. When the
+        estimator has ``classes_``, ``y_true`` holds integer codes (indices
+        into ``classes_``, -1 = unlabelled) and the ``"predict"`` response
+        the codes of the predicted labels, so that labels of any type score
+        alike.
     response_method : {"predict", "predict_proba"}, default="predict"
         ``"predict"`` passes the maximum posterior marginal labels,
         ``"predict_proba"`` the marginals.

@@ -18,6 +18,8 @@ import numbers
 
 import numpy as np
 
+from ._graph import encode_labels
+
 __all__ = ["plot_marginals", "plot_loss_curve"]
 
 
@@ -74,6 +76,7 @@ def plot_marginals(
     proba,
     *,
     truth=None,
+    classes=None,
     kind="panels",
     states=None,
     class_names=None,
@@ -103,7 +106,12 @@ def plot_marginals(
         ``MarginalCRF.predict_proba`` returns them; None draws only the image
         and the truth.
     truth : int array of shape (H, W), default=None
-        True states, -1 for unlabelled pixels.
+        True states, -1 for unlabelled pixels; with ``classes``, labels among
+        them (None or -1 for unlabelled pixels, as ``MarginalCRF`` reads y).
+    classes : array-like, default=None
+        The labels that the last axis of ``proba`` follows (a fitted
+        estimator's ``classes_``): ``truth`` is read in them, and they name
+        the classes unless ``class_names`` is given. None: the states 0, 1, ...
     kind : {"panels", "map"}, default="panels"
         One panel per class, or one colour-coded map.
     states : sequence of int, default=None
@@ -172,6 +180,11 @@ def plot_marginals(
         if shape is not None and image.shape[:2] != shape:
             raise ValueError(f"image has shape {image.shape[:2]} but proba has {shape}: they must agree")
         shape = shape or image.shape[:2]
+    if classes is not None:
+        classes = np.asarray(classes)
+        class_names = [str(c) for c in classes.tolist()] if class_names is None else class_names
+        if truth is not None:
+            truth = encode_labels(truth, classes, "truth")
     if truth is not None:
         truth = np.asarray(truth)
         if truth.ndim != 2 or (shape is not None and truth.shape != shape):

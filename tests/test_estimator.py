@@ -105,7 +105,8 @@ def test_not_fitted_error():
 def test_chain_rule_gradient_matches_finite_differences():
     X, y = make_structured_data(n_samples=2, n_states=3, shape=(3, 4))
     samples, _, _ = _check_X(X)
-    labels, n_states = _check_y(y, samples)
+    labels, classes = _check_y(y, samples)
+    n_states = len(classes)
     rng = np.random.default_rng(0)
     F = rng.normal(size=(n_states, samples[0].node_features.shape[1]))
     G = rng.normal(size=(n_states, n_states, 2)) * 0.5
