@@ -52,9 +52,10 @@ def _auto_snapshots(n_iter, snapshot_bytes, budget):
     max_slots = budget // max(snapshot_bytes, 1)
     if n_iter <= max_slots:
         return n_iter
-    best = min(range(1, n_iter + 1), key=lambda s: (buffer_slots(n_iter, s), -s))
     fitting = [s for s in range(1, n_iter + 1) if buffer_slots(n_iter, s) <= max_slots]
-    return max(fitting) if fitting else best
+    if fitting:
+        return max(fitting)
+    return min(range(1, n_iter + 1), key=lambda s: (buffer_slots(n_iter, s), -s))
 
 
 def plan_size(n_iter, checkpoints, snapshot_bytes, budget=STACK_MEMORY_BUDGET):

@@ -43,6 +43,7 @@ from .gradients import (
     INFERENCE_METHODS,
     LOSSES,
     MIN_MULTIPLIER,
+    check_multiplier,
     _Diagnostics,
     _Settings,
     check_combination,
@@ -715,12 +716,8 @@ class MarginalCRF(BaseEstimator):
         """
         progress = _FitProgress(start=time.perf_counter())
         self._check_combination(self.loss, self.inference)
-        smallest = np.finfo(_compute_dtype(self.dtype)).eps ** (2.0 / 3.0)
-        if self.gradient_mode == "perturbation" and self.multiplier < smallest:
-            raise ValueError(
-                f"multiplier must be at least eps**(2/3) = {smallest:.3g} in dtype={np.dtype(self.dtype).name}, "
-                f"got {self.multiplier!r}: a smaller perturbation step rounds away and gives a zero gradient"
-            )
+        if self.gradient_mode == "perturbation":
+            check_multiplier(self.multiplier, _compute_dtype(self.dtype))
         check_random_state(self.random_state)
         samples, n_node_features, n_edge_features = _check_X(X)
         labels, classes = _check_y(y, samples, self.classes, self.n_states)

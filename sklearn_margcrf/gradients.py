@@ -67,6 +67,18 @@ SIDES = (1, 2, 4)
 MIN_MULTIPLIER = np.finfo(np.float64).eps ** (2.0 / 3.0)
 
 
+def check_multiplier(multiplier, dtype):
+    """Refuse a perturbation multiplier whose step rounds away in ``dtype``
+    (``eps(dtype) ** (2/3)``; ``MIN_MULTIPLIER`` for float64)."""
+    name = np.dtype(dtype).name
+    smallest = np.finfo(dtype).eps ** (2.0 / 3.0)
+    if multiplier < smallest:
+        raise ValueError(
+            f"multiplier must be at least eps**(2/3) = {smallest:.3g} in dtype={name}, got {multiplier!r}: a "
+            f"smaller perturbation step rounds away in {name} and gives a zero gradient"
+        )
+
+
 def check_combination(loss, inference, gradient_mode):
     """Raise ValueError for an unknown name or a combination that does not apply."""
     if loss not in LOSSES:
@@ -487,12 +499,7 @@ def loss_and_grad(
     if sides not in SIDES or isinstance(sides, bool):
         raise ValueError(f"sides must be one of {SIDES}, got {sides!r}")
     multiplier = check_positive(multiplier, "multiplier")
-    smallest = np.finfo(unary.dtype).eps ** (2.0 / 3.0)
-    if multiplier < smallest:
-        raise ValueError(
-            f"multiplier must be at least eps**(2/3) = {smallest:.3g}, got {multiplier!r}: a smaller "
-            f"perturbation step rounds away in {unary.dtype} and gives a zero gradient"
-        )
+    check_multiplier(multiplier, unary.dtype)
     checkpoints = check_checkpoints(checkpoints)
     if node_weight is not None:
         check_node_weight_loss(loss)

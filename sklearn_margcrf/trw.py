@@ -58,7 +58,7 @@ Numerical stability
   message passing. The shifts are constants that cancel in every
   normalisation, so they change neither the result nor its gradient.
 - Messages are sum-normalised after every update and floored at
-  ``_MSG_FLOOR = 1e-300``: never zero, so every division by a message is
+  ``1e-300`` (float32: ``1e-37``): never zero, so every division by a message is
   finite. Besides the messages we store their powers ``m ** rho`` (``sqrt``
   for ``rho = 0.5``, nothing for ``rho = 1``, ``pow`` only for other ``rho``)
   and their inverses, so an update costs products, sums and a few divisions.
@@ -199,9 +199,8 @@ def _limits_of_compiled(array):
 _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
 
 
-_MSG_FLOOR = 1e-300  # float64 floor (quoted in warnings)
 #: Smallest message entry per compute dtype, as quoted to users.
-MESSAGE_FLOOR = {np.dtype(np.float64): 1e-300, np.dtype(np.float32): 1e-37}
+MESSAGE_FLOOR = {dtype: values[0] for dtype, values in _LIMIT_VALUES.items()}
 
 # rho classes, chosen in Python, branched on in the kernels
 _RHO_GENERAL = 0  # m ** rho
@@ -1131,8 +1130,7 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         snapshots = np.empty((n_slots, 2 * E, K), dtype)
         if mode == _RHO_GENERAL:
             stack_pow = np.empty((n_slots, 2 * E, K), dtype)
-        push_slot = np.full(n_iter, -1, np.int64)
-        push_slot[starts] = np.arange(len(starts))
+        push_slot = _push_slots(n_iter, starts)
     mu_u = np.empty((n, K), dtype)
     mu_p = np.empty((E, K * K), dtype)
     it, converged, n_fallback = _trw_forward_kernel(
@@ -1174,6 +1172,14 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     )
 
 
+def _push_slots(n_iter, starts):
+    """For each iteration, the buffer slot that keeps the messages it starts
+    from (snapshot ``k`` before iteration ``starts[k]``), or -1."""
+    push_slot = np.full(n_iter, -1, np.int64)
+    push_slot[starts] = np.arange(len(starts))
+    return push_slot
+
+
 def _keep_checkpoints(state):
     """Rerun the forward iterations from the first snapshot (the initial
     messages, never overwritten), keeping the checkpoints in their slots."""
@@ -1181,8 +1187,7 @@ def _keep_checkpoints(state):
     M = state.stack_buffer[0].copy()
     IM = np.divide(1, M, dtype=M.dtype)
     MP = M if state.rho_mode == _RHO_ONE else np.sqrt(M) if state.rho_mode == _RHO_HALF else state.snapshot_powers[0].copy()
-    push_slot = np.full(state.n_iter, -1, np.int64)
-    push_slot[state.segment_starts] = np.arange(len(state.segment_starts))
+    push_slot = _push_slots(state.n_iter, state.segment_starts)
     _trw_forward_kernel(
         state.label_token, state.sched, state.order, state.tabs, state.eu, state.rho_sched, state.rho_mode, M, MP, IM,
         state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot, state.edges, state.ptr,
