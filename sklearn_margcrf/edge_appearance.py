@@ -34,6 +34,7 @@ from numba import njit
 from scipy import linalg
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
+from threadpoolctl import threadpool_limits
 
 from ._graph import validate_edges
 
@@ -121,7 +122,12 @@ def _effective_resistances(n_nodes, edges):
         # Ground the last node: the reduced Laplacian is positive definite.
         inverse = np.zeros((m, m))
         if m > 1:
-            inverse[:-1, :-1] = linalg.inv(laplacian[:-1, :-1], check_finite=False)
+            # One BLAS thread: LAPACK's rounding depends on the thread count,
+            # and rho is cached per graph, so a first call made under other
+            # limits (e.g. inside a fit, which runs L-BFGS with one thread)
+            # changed every later fit of that graph by an ulp.
+            with threadpool_limits(limits=1, user_api="blas"):
+                inverse[:-1, :-1] = linalg.inv(laplacian[:-1, :-1], check_finite=False)
         resistance[in_comp] = inverse[a, a] + inverse[b, b] - 2.0 * inverse[a, b]
     # Bridges (every tree edge) have resistance exactly 1; snap rounding noise.
     resistance[np.abs(resistance - 1.0) < 1e-10] = 1.0

@@ -42,3 +42,22 @@ def test_weights_are_bit_identical_across_n_jobs_backends_and_runs(params):
         for p, q in zip(proba, first_proba):
             np.testing.assert_array_equal(p, q)
     assert np.any(first.pairwise_coef_)  # the fit moved the weights
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (12, 15)])
+def test_rho_of_a_graph_does_not_depend_on_the_blas_threads_of_its_first_use(shape):
+    # rho="auto" solves a linear system once per graph and caches it: if the
+    # first solve (say, a loss_and_grad call before any fit) ran with other
+    # BLAS threads than a later one, every later fit of that graph moved by
+    # an ulp. Two graphs with the same edges but a different node count (an
+    # extra isolated node) are cached apart and solve the same system.
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from sklearn_margcrf import edge_appearance_probabilities, grid_edges
+
+    edges = grid_edges(*shape)
+    n_nodes = shape[0] * shape[1]
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        one_thread = edge_appearance_probabilities(n_nodes + 1, edges, rule="uniform_spanning_tree")
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        two_threads = edge_appearance_probabilities(n_nodes + 2, edges, rule="uniform_spanning_tree")
+    np.testing.assert_array_equal(one_thread, two_threads)
