@@ -168,6 +168,7 @@ def _model(key, n_iter, args, fold):
         incremental=args.incremental,
         random_state=args.seed + fold,
         n_jobs=args.n_jobs,
+        objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
         **params,
     )
 

@@ -224,7 +224,8 @@ def fit_and_test(loss, x_train, y_train, x_test, y_test, max_iter, reg):
     from sklearn_margcrf import MarginalCRF
 
     model = MarginalCRF(
-        loss=loss, inference="exact", gradient_mode="implicit", reg=reg, max_iter=max_iter, n_jobs=1, n_states=2
+        loss=loss, inference="exact", gradient_mode="implicit", reg=reg, max_iter=max_iter, n_jobs=1, n_states=2,
+        objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

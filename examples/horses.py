@@ -172,6 +172,7 @@ def _model(args, key, n_iter):
         init="independent",
         n_jobs=args.n_jobs,
         verbose=args.verbose,
+        objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
     )
     params.update(ROWS[key][1])
     return MarginalCRF(**params)

@@ -137,7 +137,9 @@ def run_method(params, X_train, y_train, X_test, y_test, args):
     """
     from sklearn_margcrf import MarginalCRF
 
-    common = dict(loss="univariate_logistic", reg=REG, n_states=N_STATES, n_jobs=args.n_jobs, warm_start=True)
+    # objective_tol=0: the paper's protocol, L-BFGS to its own end or max_iter, no stopping rule
+    common = dict(loss="univariate_logistic", reg=REG, n_states=N_STATES, n_jobs=args.n_jobs, warm_start=True,
+                  objective_tol=0.0)
     # compile the numba kernels of this method outside the clock (one image, one iteration)
     with _common.ignore_convergence_warnings():
         warm_up = MarginalCRF(**{**common, "n_jobs": 1, "warm_start": False}, **params, max_iter=1)
