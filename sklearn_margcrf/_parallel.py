@@ -14,8 +14,12 @@ change. So the images are packed once into one :class:`Batch` per worker
   registered with joblib's resource tracker, which removes it even when this
   process is killed, and is removed when the map is closed;
 * on a cluster (a backend with a ``client``, joblib's Dask backend), whose
-  workers need not share a file system, the batches are scattered once and
-  the tasks refer to them by future.
+  workers need not share a file system, each batch is submitted once as a
+  task that packs it, and the tasks of every map refer to it by future. Not
+  scattered: Dask cannot recover scattered data lost with a worker, but
+  recomputes a lost task result elsewhere, so a lost worker only delays the
+  map. The scheduler keeps each packing task, with its images, until the map
+  is closed.
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
@@ -28,6 +32,7 @@ recompute is the caller's decision (the estimator does once per fit).
 
 import errno
 import os
+import warnings
 from dataclasses import dataclass
 
 import joblib
@@ -177,7 +182,14 @@ class ImageBatches:
             return [pack(self.samples, self.labels, self.groups[0])]
         client = cluster_client()
         if client is not None:
-            return client.scatter([pack(self.samples, self.labels, g) for g in self.groups], hash=False)
+            with warnings.catch_warnings():  # the images are the graph, on purpose (see the module docstring)
+                warnings.filterwarnings("ignore", "Sending large graph")
+                return [
+                    client.submit(pack, [self.samples[i] for i in group],
+                                  None if self.labels is None else [self.labels[i] for i in group],
+                                  range(len(group)), pure=False)
+                    for group in self.groups
+                ]
         self._folder_manager = TemporaryResourcesManager()
         self.folder = self._folder_manager.resolve_temp_folder_name()
         os.makedirs(self.folder, exist_ok=True)
