@@ -15,11 +15,14 @@ change. So the images are packed once into one :class:`Batch` per worker
   process is killed, and is removed when the map is closed;
 * on a cluster (a backend with a ``client``, joblib's Dask backend), whose
   workers need not share a file system, each batch is submitted once as a
-  task that packs it, and the tasks of every map refer to it by future. Not
-  scattered: Dask cannot recover scattered data lost with a worker, but
-  recomputes a lost task result elsewhere, so a lost worker only delays the
-  map. The scheduler keeps each packing task, with its images, until the map
-  is closed.
+  task that packs it, and the tasks of every map, submitted to the client
+  directly, refer to it by future. Not scattered: Dask cannot recover
+  scattered data lost with a worker, but recomputes a lost task result
+  elsewhere and reruns a task whose worker died, so a lost worker only
+  delays the map. The scheduler keeps each packing task, with its images,
+  until the map is closed. Not through joblib's ``Parallel``: it runs a call
+  in this process, with the futures in place of the batches, whenever the
+  cluster is down to one thread (a worker lost and not yet replaced).
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
@@ -153,13 +156,15 @@ class ImageBatches:
         self.folder = None  # where the batches are dumped, while open
         self._handles = None
         self._parallel = None
+        self._client = None  # the cluster's, if any
         self._folder_manager = None
 
     def __enter__(self):
         self.groups = plan_groups(self.samples, self.n_jobs)
         try:
+            self._client = cluster_client() if len(self.groups) > 1 else None
             self._handles = self._hand_over()
-            if len(self.groups) > 1:
+            if len(self.groups) > 1 and self._client is None:
                 self._start_workers()
         except BaseException:
             self.__exit__(None, None, None)
@@ -180,14 +185,13 @@ class ImageBatches:
     def _hand_over(self):
         if len(self.groups) == 1:
             return [pack(self.samples, self.labels, self.groups[0])]
-        client = cluster_client()
-        if client is not None:
+        if self._client is not None:
             with warnings.catch_warnings():  # the images are the graph, on purpose (see the module docstring)
                 warnings.filterwarnings("ignore", "Sending large graph")
                 return [
-                    client.submit(pack, [self.samples[i] for i in group],
-                                  None if self.labels is None else [self.labels[i] for i in group],
-                                  range(len(group)), pure=False)
+                    self._client.submit(pack, [self.samples[i] for i in group],
+                                        None if self.labels is None else [self.labels[i] for i in group],
+                                        range(len(group)), pure=False)
                     for group in self.groups
                 ]
         self._folder_manager = TemporaryResourcesManager()
@@ -215,7 +219,9 @@ class ImageBatches:
         return handles
 
     def map(self, func, *args):
-        if self._parallel is None:
+        if self._client is not None:
+            per_batch = self._client.gather([self._client.submit(func, h, *args, pure=False) for h in self._handles])
+        elif self._parallel is None:
             per_batch = [func(handle, *args) for handle in self._handles]
         else:
             try:
@@ -232,7 +238,7 @@ class ImageBatches:
 
     def __exit__(self, *exc):
         self._stop_workers(*exc)
-        self._handles = None
+        self._handles = self._client = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)
             self._folder_manager = self.folder = None
