@@ -14,8 +14,15 @@ change. So the images are packed once into one :class:`Batch` per worker
   registered with joblib's resource tracker, which removes it even when this
   process is killed, and is removed when the map is closed;
 * on a cluster (a backend with a ``client``, joblib's Dask backend), whose
-  workers need not share a file system, the batches are scattered once and
-  the tasks refer to them by future.
+  workers need not share a file system, each batch is submitted once as a
+  task that packs it, and the tasks of every map, submitted to the client
+  directly, refer to it by future. Not scattered: Dask cannot recover
+  scattered data lost with a worker, but recomputes a lost task result
+  elsewhere and reruns a task whose worker died, so a lost worker only
+  delays the map. The scheduler keeps each packing task, with its images,
+  until the map is closed. Not through joblib's ``Parallel``: it runs a call
+  in this process, with the futures in place of the batches, whenever the
+  cluster is down to one thread (a worker lost and not yet replaced).
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
@@ -28,6 +35,7 @@ recompute is the caller's decision (the estimator does once per fit).
 
 import errno
 import os
+import warnings
 from dataclasses import dataclass
 
 import joblib
@@ -148,13 +156,15 @@ class ImageBatches:
         self.folder = None  # where the batches are dumped, while open
         self._handles = None
         self._parallel = None
+        self._client = None  # the cluster's, if any
         self._folder_manager = None
 
     def __enter__(self):
         self.groups = plan_groups(self.samples, self.n_jobs)
         try:
+            self._client = cluster_client() if len(self.groups) > 1 else None
             self._handles = self._hand_over()
-            if len(self.groups) > 1:
+            if len(self.groups) > 1 and self._client is None:
                 self._start_workers()
         except BaseException:
             self.__exit__(None, None, None)
@@ -175,9 +185,15 @@ class ImageBatches:
     def _hand_over(self):
         if len(self.groups) == 1:
             return [pack(self.samples, self.labels, self.groups[0])]
-        client = cluster_client()
-        if client is not None:
-            return client.scatter([pack(self.samples, self.labels, g) for g in self.groups], hash=False)
+        if self._client is not None:
+            with warnings.catch_warnings():  # the images are the graph, on purpose (see the module docstring)
+                warnings.filterwarnings("ignore", "Sending large graph")
+                return [
+                    self._client.submit(pack, [self.samples[i] for i in group],
+                                        None if self.labels is None else [self.labels[i] for i in group],
+                                        range(len(group)), pure=False)
+                    for group in self.groups
+                ]
         self._folder_manager = TemporaryResourcesManager()
         self.folder = self._folder_manager.resolve_temp_folder_name()
         os.makedirs(self.folder, exist_ok=True)
@@ -203,7 +219,9 @@ class ImageBatches:
         return handles
 
     def map(self, func, *args):
-        if self._parallel is None:
+        if self._client is not None:
+            per_batch = self._client.gather([self._client.submit(func, h, *args, pure=False) for h in self._handles])
+        elif self._parallel is None:
             per_batch = [func(handle, *args) for handle in self._handles]
         else:
             try:
@@ -220,7 +238,7 @@ class ImageBatches:
 
     def __exit__(self, *exc):
         self._stop_workers(*exc)
-        self._handles = None
+        self._handles = self._client = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)
             self._folder_manager = self.folder = None

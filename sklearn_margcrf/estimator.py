@@ -391,7 +391,8 @@ class MarginalCRF(BaseEstimator):
         A fit whose workers would need more memory than is available is
         refused before it starts (MemoryError, with the estimate); a worker
         process lost during a fit is replaced once and its evaluation
-        recomputed (:class:`~sklearn_margcrf.exceptions.WorkerLostWarning`).
+        recomputed (:class:`~sklearn_margcrf.exceptions.WorkerLostWarning`);
+        on Dask, Dask recomputes what a lost worker held.
     verbose : int, default=0
         ``> 0``: print the objective, gradient norm and elapsed time at every
         L-BFGS iteration; ``> 2`` also joblib's progress messages.

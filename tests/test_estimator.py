@@ -479,9 +479,9 @@ def test_dask_fit_equals_local_fit(processes):
     X, y = make_structured_data(n_samples=5)
     batch_keys = []
 
-    def record_scattered_batches(progress):
+    def record_batches(progress):
         held = distributed.get_client().has_what()
-        batch_keys.append(sorted(key for keys in held.values() for key in keys if str(key).startswith("Batch-")))
+        batch_keys.append(sorted(key for keys in held.values() for key in keys if str(key).startswith("pack-")))
 
     params = dict(n_iter=3, max_iter=4)
     local = fit_quietly(MarginalCRF(**params), X, y)
@@ -490,9 +490,9 @@ def test_dask_fit_equals_local_fit(processes):
     with distributed.LocalCluster(processes=processes, dashboard_address=None, **workers) as cluster:
         with distributed.Client(cluster):
             with joblib.parallel_config(backend="dask"):
-                remote = fit_quietly(MarginalCRF(callback=record_scattered_batches, **params), X, y)
+                remote = fit_quietly(MarginalCRF(callback=record_batches, **params), X, y)
                 proba = remote.predict_proba(X)
-    # the batches are scattered once per fit: the same two at every iteration
+    # the batches are packed once per fit: the same two at every iteration
     assert len(batch_keys[0]) == 2 and all(keys == batch_keys[0] for keys in batch_keys)
     np.testing.assert_array_equal(remote.unary_coef_, local.unary_coef_)
     np.testing.assert_array_equal(remote.pairwise_coef_, local.pairwise_coef_)
