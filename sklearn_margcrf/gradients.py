@@ -183,6 +183,8 @@ class _Problem:
         the gradient is computed by back-propagating through exactly the
         iterations inference ran (re-run with a stack), which is the exact
         gradient of the reported loss, and ``diagnostics.fallback`` says so.
+        After a warm start (``self.start``), sweeps that fail are redone from
+        a cold start, so that the result is never that of a short pass.
         """
         backward = KERNELS[self.inference].backward
         sweeps = 4 * int(state.n_iter) + 100
@@ -192,6 +194,13 @@ class _Problem:
                 tol=self.tol, max_iter=sweeps, on_divergence="raise",
             )
         except BackpropDivergenceError as exc:
+            if self.start is not None:
+                # A warm start ran few iterations: the cap on the sweeps, and
+                # a fallback through the iterations run, would be those of a
+                # short pass. Do what a cold start does (a rare extra pass).
+                self.start = None
+                state, result = self.forward()
+                return self.backward(state, result, grad_unary_marginals, grad_pairwise_marginals)
             # the stack of the forward iterations is checkpointed (self.checkpoints,
             # or the memory budget of checkpoints=None), so its memory is bounded
             self.diagnostics.fallback = 1
