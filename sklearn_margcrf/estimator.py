@@ -447,11 +447,14 @@ class MarginalCRF(BaseEstimator):
         ended at the previous evaluation of the same fit stage (the first
         evaluation of each stage starts cold), instead of from uniform
         messages (mean field: from ``softmax(theta_i)``). It changes the work,
-        not the model: with ``gradient_mode`` "backprop", "perturbation" and
-        "implicit", inference runs to ``tol`` and the gradient is taken at
-        the fixed point reached, so a warm fit stays within ``tol`` of a cold
-        one, with fewer inference iterations (``n_inference_iter_``; see
-        docs/scaling.rst, "Warm starts"). ``"auto"``: on where it applies
+        not the objective: with ``gradient_mode`` "backprop", "perturbation"
+        and "implicit", inference runs to ``tol`` and the gradient is taken
+        at the fixed point reached, which either start reaches to within
+        ``tol``; the fit needs fewer inference iterations
+        (``n_inference_iter_``), and its gradients differ from a cold fit's
+        by the inference tolerance (L-BFGS may then take another path; the
+        perturbation gradient, whose perturbed passes start warm too, is
+        somewhat less accurate: docs/scaling.rst, "Warm starts"). ``"auto"``: on where it applies
         (those modes, a marginal loss, ``trw``, ``lbp`` or ``mean_field``);
         True: on, and ValueError where it does not apply (with
         ``"truncated"`` the start is part of the model); False: off. The

@@ -19,8 +19,9 @@ For edge ``c = (i, j)`` the message into ``i`` is ::
 
 Schedule
 --------
-Messages start uniform (``1 / K``). One iteration updates every message exactly
-once, in this fixed order:
+Messages start uniform (``1 / K``), or from the messages of an earlier pass
+on the same graph (``start``: warm starts of inference run to ``tol``). One
+iteration updates every message exactly once, in this fixed order:
 
 1. forward sweep, ``e = 0, 1, ..., E - 1``: update the message into
    ``edges[e, 1]`` (sent by ``edges[e, 0]``);

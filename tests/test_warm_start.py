@@ -15,6 +15,7 @@ from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
 from sklearn_margcrf._memory import worker_memory
 from sklearn_margcrf.estimator import _check_X, _check_y
+from sklearn_margcrf.exceptions import WorkerLostWarning
 
 X, Y = make_structured_data(n_samples=3, shape=(6, 7), hidden=0)
 
@@ -96,3 +97,19 @@ def test_warm_fits_on_dask_equal_local_fits(processes):
     np.testing.assert_array_equal(remote.unary_coef_, local.unary_coef_)
     np.testing.assert_array_equal(remote.pairwise_coef_, local.pairwise_coef_)
     assert remote.n_inference_iter_ == local.n_inference_iter_
+
+
+def test_a_warm_fit_survives_a_lost_worker_with_the_same_weights(tmp_path, monkeypatch):
+    pytest.importorskip("psutil")
+    from test_lost_worker import KillWorkerAt
+
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(tmp_path))
+    params = dict(gradient_mode="implicit", tol=1e-4, max_iter=5, init="zeros")
+    # the surviving worker wrote its ends of the failed evaluation: the
+    # recomputation must start from the ends of the one before, as the lost one did
+    with pytest.warns(WorkerLostWarning):
+        model = _fit(n_jobs=2, callback=KillWorkerAt(("fit", 2)), **params)
+    undisturbed = _fit(**params)
+    np.testing.assert_array_equal(model.unary_coef_, undisturbed.unary_coef_)
+    np.testing.assert_array_equal(model.pairwise_coef_, undisturbed.pairwise_coef_)
+    assert list(tmp_path.iterdir()) == []
