@@ -19,11 +19,15 @@ bench_fit.py):
     the steadier figure on a shared machine), L-BFGS iterations, final
     objective, training error and the largest weight difference to the cold
     fit.
+``dask``
+    Fits warm and cold on a Dask ``LocalCluster`` (2 one-thread processes),
+    where the ends travel with the tasks and results: wall time, the
+    kernels' time summed over workers and the time outside them.
 
 Run::
 
     python benchmarks/bench_warm_start.py [--data horses] [--images 16] [--scale 0.25]
-        [--path PATH] [--inference trw] [--tol 1e-4] [--max-iter 30] [--repeat 1] [--part accuracy fit]
+        [--path PATH] [--inference trw] [--tol 1e-4] [--max-iter 30] [--repeat 1] [--part accuracy fit dask]
 """
 
 import argparse
@@ -136,6 +140,25 @@ def fits(args, X, y):
                   f"{m.n_iter_:10d} {m.loss_curve_[-1]:12.8f} {1 - m.score(X, y):10.4f} {dw:9.2e}")
 
 
+def dask(args, X, y):
+    """Fits warm and cold on a Dask LocalCluster of 2 one-thread processes,
+    where the ends travel with the tasks: wall time against the kernels' time."""
+    import distributed
+    import joblib
+
+    mode = args.modes[0]
+    print(f"Dask LocalCluster, 2 processes of 1 thread, {mode}, {args.max_iter} L-BFGS iterations")
+    print(f"{'start':>5} {'inference it.':>13} {'wall s':>7} {'kernel s':>8} {'outside s':>9}")
+    with distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        with distributed.Client(cluster), joblib.parallel_config(backend="dask"):
+            quiet_fit(model(args, mode, True, max_iter=2, n_jobs=2), X, y)
+            for _ in range(args.repeat):
+                for warm in (False, True):
+                    m = quiet_fit(model(args, mode, warm, n_jobs=2), X, y)
+                    print(f"{'warm' if warm else 'cold':>5} {m.n_inference_iter_:13d} {m.fit_time_:7.2f} "
+                          f"{m.kernel_time_:8.2f} {m.fit_time_ - m.kernel_time_ / 2:9.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", choices=("horses", "synthetic"), default="horses")
@@ -149,7 +172,7 @@ def main():
     parser.add_argument("--mode-of-path", default="implicit")
     parser.add_argument("--modes", nargs="+", default=list(MODES))
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--part", nargs="+", choices=("accuracy", "fit"), default=["accuracy", "fit"])
+    parser.add_argument("--part", nargs="+", choices=("accuracy", "fit", "dask"), default=["accuracy", "fit"])
     args = parser.parse_args()
     start = time.perf_counter()
     X, y = horses(args.images, args.scale, args.path) if args.data == "horses" else synthetic(args.images)
@@ -159,6 +182,8 @@ def main():
         accuracy(args, X, y)
     if "fit" in args.part:
         fits(args, X, y)
+    if "dask" in args.part:
+        dask(args, X, y)
 
 
 if __name__ == "__main__":
