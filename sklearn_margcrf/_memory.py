@@ -8,7 +8,12 @@ A worker evaluates its batch of images one image at a time, so its peak is
     that truncated fitting keeps for back TRW / back mean field
     (``_checkpoints.plan_size``: ``n_iter`` snapshots, or the buffer of
     ``checkpoints=``, or what fits ``STACK_MEMORY_BUDGET`` with None)
-  + the tables, messages, marginals and gradients of its largest image.
+  + the tables, messages, marginals and gradients of its largest image
+  + with warm starts (``inference_warm_start``), where each of its images'
+    inference ended, twice (read from the previous evaluation, written by
+    this one): ``2 * 2 E K`` values per image for TRW, ``2 * n K`` for mean
+    field, in the folder of the batches (``/dev/shm`` when it has room,
+    which is memory) or in this process.
 
 The last term is :data:`BYTES_PER_VALUE` bytes for every value of an image's
 ``theta`` (``n K + E K^2``) and messages (``2 E K``): measured, one gradient
@@ -27,6 +32,7 @@ import numpy as np
 
 from ._checkpoints import plan_size
 from .gradients import INFERENCE_FREE_LOSSES
+from .inference import KERNELS
 
 __all__ = ["AVAILABLE_MEMORY_ENV", "BYTES_PER_VALUE", "WorkerMemory", "available_memory", "check_fit_memory"]
 
@@ -96,10 +102,11 @@ class WorkerMemory:
     n_nodes: int
     n_edges: int
     n_snapshots: int
+    warm_starts: int = 0
 
     @property
     def total(self):
-        return self.features + self.stack + self.arrays
+        return self.features + self.stack + self.arrays + self.warm_starts
 
 
 def _stack_plan(objective, n_edges, n_nodes, n_states, itemsize):
@@ -129,6 +136,10 @@ def worker_memory(samples, labels, group, objective):
         + labels[k].nbytes for k in group
     )
     itemsize = np.dtype(objective.dtype).itemsize
+    warm_starts = 0
+    if objective.warm_start:  # the ends of the previous evaluation and of this one
+        end_size = KERNELS[objective.settings.inference].end_size
+        warm_starts = 2 * itemsize * sum(end_size(samples[k].n_nodes, samples[k].n_edges, n_states) for k in group)
     largest = None
     for k in group:
         n_nodes = samples[k].n_nodes
@@ -136,7 +147,7 @@ def worker_memory(samples, labels, group, objective):
         snapshots, stack = _stack_plan(objective, n_edges, n_nodes, n_states, itemsize)
         arrays = BYTES_PER_VALUE * (n_nodes * n_states + n_edges * n_states * (n_states + 2))
         if largest is None or stack + arrays > largest.stack + largest.arrays:
-            largest = WorkerMemory(features, stack, arrays, n_nodes, n_edges, snapshots)
+            largest = WorkerMemory(features, stack, arrays, n_nodes, n_edges, snapshots, warm_starts)
     return largest
 
 
@@ -164,16 +175,19 @@ def check_fit_memory(samples, labels, groups, objective, checkpoints, n_jobs):
         f"{worst.n_snapshots} snapshots of the messages, {_size(worst.stack)}; "
         if worst.stack else ""
     )
+    warm = f"; where its images' inference ended, for warm starts, {_size(worst.warm_starts)}" if worst.warm_starts else ""
     remedies = [f"lower n_jobs (now {n_jobs!r}; each worker holds its images' arrays)"] if len(workers) > 1 else []
     if worst.stack:
         remedies.append(f"set checkpoints= to keep fewer snapshots (now {checkpoints!r}; e.g. checkpoints=5)")
+    if worst.warm_starts:
+        remedies.append("set inference_warm_start=False")
     if objective.dtype != np.float32:
         remedies.append("use dtype=np.float32 (half the inference memory)")
     remedies.append("store the features in float32, use smaller images, or free memory")
     raise MemoryError(
         f"this fit needs an estimated {_size(needed)} of memory but {_size(available)} is available ({source}): "
         f"{len(workers)} worker(s) at once, the largest holding {_size(worst.total)} ({stack}its batch of features "
-        f"{_size(worst.features)}; tables, messages, marginals and gradients {_size(worst.arrays)}). "
+        f"{_size(worst.features)}; tables, messages, marginals and gradients {_size(worst.arrays)}{warm}). "
         f"To fit, {', '.join(remedies)}. Set the environment variable {AVAILABLE_MEMORY_ENV} (bytes) to "
         "override the memory available."
     )

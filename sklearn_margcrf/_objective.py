@@ -24,12 +24,14 @@ zero iterations of TRW give ``softmax(theta_i)``, and ``G`` is not a weight.
 """
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ._linear import feature_scores, weight_gradient
-from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings
+from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings, warm_start_applies
+from .inference import KERNELS
 
 __all__ = ["CRFObjective"]
 
@@ -53,6 +55,11 @@ class CRFObjective:
         and the weight gradients accumulate in float64 whatever it is.
     class_weight : tuple of float or None, default=None
         Weight of each class (by label code); None weighs every node 1.
+    warm_start : bool, default=False
+        Start each image's inference in :meth:`loss_gradient` from where it
+        ended at the previous evaluation (``starts`` of :meth:`warm_starts`);
+        only where ``gradients.warm_start_applies(settings)`` (ValueError
+        otherwise).
     """
 
     settings: _Settings
@@ -60,6 +67,7 @@ class CRFObjective:
     shape_g: tuple
     dtype: np.dtype = np.dtype(np.float64)
     class_weight: tuple = None
+    warm_start: bool = False
     independent: bool = field(init=False)
 
     def __post_init__(self):
@@ -68,6 +76,8 @@ class CRFObjective:
         if independent:
             settings = replace(self.settings, inference="trw", gradient_mode="truncated", n_iter=0, rho=None)
             object.__setattr__(self, "settings", settings)
+        if self.warm_start and not warm_start_applies(self.settings):
+            raise ValueError(f"warm starts do not apply to {self.settings}")
 
     # -- weights ---------------------------------------------------------------
 
@@ -123,21 +133,24 @@ class CRFObjective:
             return int(sum(np.count_nonzero(lab >= 0) for lab in labels))
         return float(sum(self.node_weight(lab).sum() for lab in labels))
 
-    def image_loss_gradient(self, unary_coef, pairwise_coef, node_features, edges, edge_features, labels):
-        """(loss, dL/dF, dL/dG, diagnostics, seconds in the loss) of one image."""
+    def image_loss_gradient(self, unary_coef, pairwise_coef, node_features, edges, edge_features, labels,
+                            start=None):
+        """(loss, dL/dF, dL/dG, diagnostics, seconds in the loss, end) of one
+        image, its inference started from ``start`` (None: cold) and ended at
+        ``end`` (None without warm starts)."""
         edges, unary, pairwise = self.theta(unary_coef, pairwise_coef, node_features, edges, edge_features)
-        start = time.perf_counter()
-        value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(
-            edges, unary, pairwise, labels, self.settings, self.node_weight(labels)
+        clock = time.perf_counter()
+        value, grad_unary, grad_pairwise, diagnostics, end = _loss_and_grad(
+            edges, unary, pairwise, labels, self.settings, self.node_weight(labels), start
         )
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - clock
         grad_f = weight_gradient(grad_unary, node_features)
         if self.independent:
             grad_g = np.zeros(self.shape_g)
         else:
             n_pairs = self.shape_g[0] * self.shape_g[1]
             grad_g = weight_gradient(grad_pairwise.reshape(-1, n_pairs), edge_features).reshape(self.shape_g)
-        return value, grad_f, grad_g, diagnostics, seconds
+        return value, grad_f, grad_g, diagnostics, seconds, end
 
     def image_marginals(self, unary_coef, pairwise_coef, node_features, edges, edge_features):
         """Unary marginals (n, K) of one image and their diagnostics."""
@@ -146,15 +159,27 @@ class CRFObjective:
 
     # -- all images ----------------------------------------------------------------
 
-    def loss_gradient(self, w, batches, n_labelled, reg):
+    def warm_starts(self, batches):
+        """A context manager giving the ``starts`` of :meth:`loss_gradient`
+        over ``batches`` for one minimisation: a :class:`._parallel.WarmStarts`
+        with ``warm_start`` (removed on exit), else None."""
+        if not self.warm_start:
+            return nullcontext(None)
+        end_size = KERNELS[self.settings.inference].end_size
+        n_states = self.shape_f[0]
+        return batches.warm_starts([end_size(n, e, n_states) for n, e in batches.graph_sizes], self.dtype)
+
+    def loss_gradient(self, w, batches, n_labelled, reg, starts=None):
         """The objective R and its gradient at the weight vector ``w`` over the
         images of ``batches`` (:class:`._parallel.ImageBatches`), summed in image
         order (so independent of n_jobs and the backend); with the summed
-        diagnostics and seconds spent in the per-image losses."""
+        diagnostics and seconds spent in the per-image losses. With ``starts``
+        (:meth:`warm_starts`), each image's inference starts where it ended
+        at the previous call."""
         F, G = self.unpack(w)
         value, grad_f, grad_g = 0.0, np.zeros(self.shape_f), np.zeros(self.shape_g)
         diagnostics, seconds = _Diagnostics(), 0.0
-        for v, gf, gg, d, s in batches.map(_batch_loss_gradient, self, F, G):
+        for v, gf, gg, d, s in batches.map(_batch_loss_gradient, self, F, G, starts=starts):
             value += v
             grad_f += gf
             grad_g += gg
@@ -169,9 +194,19 @@ class CRFObjective:
         return [mu for mu, _ in results], sum((d for _, d in results), _Diagnostics())
 
 
-def _batch_loss_gradient(batch, objective, unary_coef, pairwise_coef):
-    """Per-image results of :meth:`CRFObjective.image_loss_gradient` (worker side)."""
-    return [objective.image_loss_gradient(unary_coef, pairwise_coef, *image) for image in batch.images()]
+def _batch_loss_gradient(batch, objective, unary_coef, pairwise_coef, starts=None):
+    """Per-image results of :meth:`CRFObjective.image_loss_gradient` (worker
+    side), each image started from and its end kept in ``starts``
+    (:class:`._parallel.ImageStarts`) when given."""
+    results = []
+    for b, image in enumerate(batch.images()):
+        *result, end = objective.image_loss_gradient(
+            unary_coef, pairwise_coef, *image, start=None if starts is None else starts.start(b)
+        )
+        if starts is not None:
+            starts.keep(b, end)
+        results.append(result)
+    return results
 
 
 def _batch_marginals(batch, objective, unary_coef, pairwise_coef):

@@ -27,6 +27,16 @@ change. So the images are packed once into one :class:`Batch` per worker
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
 
+Where each image's inference ended can be kept from one map to the next
+(:class:`WarmStarts`, for warm starts): every image starts from its own
+previous end, whoever computes it, so results stay independent of
+``n_jobs`` and of the backend. Beside the batch files, two files per batch
+(the ends of the previous map, read; those of this map, written) that the
+workers map writable; they swap after a map that completed, so a map
+recomputed after a lost worker reads what the lost one read. Without a
+shared folder (one batch in this process, or a cluster) the ends travel
+with the tasks and their results instead, and this process keeps them.
+
 When a process worker dies during a map (killed, most often by the operating
 system for lack of memory), :meth:`ImageBatches.map` starts fresh workers,
 which map the same batch files, and raises :class:`LostWorker`: whether to
@@ -36,6 +46,7 @@ recompute is the caller's decision (the estimator does once per fit).
 import errno
 import os
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import joblib
@@ -47,7 +58,8 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
-__all__ = ["Batch", "ImageBatches", "LostWorker", "balanced_groups", "cluster_client", "pack", "plan_groups"]
+__all__ = ["Batch", "ImageBatches", "ImageStarts", "LostWorker", "WarmStarts", "balanced_groups", "cluster_client", "pack",
+           "plan_groups"]
 
 #: errors of a file system without room: full, a file size limit, a quota
 _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
@@ -114,6 +126,13 @@ class Batch:
             yield self.node_features[n0:n1], self.edges[e0:e1], self.edge_features[e0:e1], labels
 
 
+def pointers(counts):
+    """Offsets of consecutive parts of the given sizes: part ``b`` is ``ptr[b]:ptr[b + 1]``."""
+    ptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(counts)
+    return ptr
+
+
 def pack(samples, labels, indices):
     """The :class:`Batch` of the images ``indices`` of ``samples`` (objects with
     ``node_features``, ``edges``, ``edge_features``) and ``labels`` (or None)."""
@@ -122,11 +141,6 @@ def pack(samples, labels, indices):
         if dtype is None:  # empty parts (edgeless images) do not promote float32
             dtype = np.result_type(*([p for p in parts if p.size] or parts))
         return np.concatenate(parts, dtype=dtype)
-
-    def pointers(counts):
-        ptr = np.zeros(len(counts) + 1, dtype=np.int64)
-        ptr[1:] = np.cumsum(counts)
-        return ptr
 
     chosen = [samples[i] for i in indices]
     return Batch(
@@ -137,6 +151,143 @@ def pack(samples, labels, indices):
         edge_features=stacked([s.edge_features for s in chosen]),
         labels=stacked([labels[i] for i in indices], np.int64) if labels is not None else None,
     )
+
+
+@contextmanager
+def _room_for(path, what):
+    """Writing the file ``path`` (in the folder of the batches): on a full file
+    system, remove it and raise an OSError that says what to do; register it
+    with joblib's resource tracker, which removes it if this process dies
+    (and must know it for the folder manager's cleanup)."""
+    try:
+        yield
+    except OSError as exc:
+        if os.path.exists(path):
+            os.unlink(path)
+        if exc.errno not in _NO_ROOM:
+            raise
+        raise OSError(
+            exc.errno,
+            f"no room for {what} in {os.path.dirname(path)} ({exc.strerror}); free some space or set the "
+            "environment variable JOBLIB_TEMP_FOLDER to a folder with more room",
+        ) from exc
+    resource_tracker.register(path, "file")
+
+
+def _call(func, batch, args, starts):
+    """``func`` on one batch (worker side): (per-image results, the ends of
+    ``starts`` when they must travel back, else None)."""
+    if starts is None:
+        return func(batch, *args), None
+    return func(batch, *args, starts), starts.travelling_ends()
+
+
+@dataclass
+class ImageStarts:
+    """One batch's side of :class:`WarmStarts` for one map: image ``b`` of
+    the batch starts from ``previous[ptr[b]:ptr[b + 1]]`` (None: no earlier
+    map, a cold start) and keeps its end in ``ends[ptr[b]:ptr[b + 1]]``,
+    which the worker allocates when it is None (the ends then travel back
+    with the results)."""
+
+    ptr: np.ndarray
+    dtype: np.dtype
+    previous: np.ndarray = None
+    ends: np.ndarray = None
+    travelling: bool = False
+
+    def start(self, b):
+        """Where image ``b`` of the batch starts (None: a cold start)."""
+        return None if self.previous is None else self.previous[self.ptr[b]:self.ptr[b + 1]]
+
+    def keep(self, b, end):
+        """Keep where image ``b``'s inference ended, for the next map."""
+        if self.ends is None:
+            self.ends = np.empty(self.ptr[-1], self.dtype)
+        self.ends[self.ptr[b]:self.ptr[b + 1]] = np.ravel(end)
+
+    def travelling_ends(self):
+        return self.ends if self.travelling else None
+
+
+class WarmStarts:
+    """Where each image's inference ended in the last map, to start the next
+    from (see the module docstring): ``ImageBatches.map(func, ...,
+    starts=this)``. The first map starts cold. With a shared folder, two
+    files per batch; otherwise the ends are kept here."""
+
+    def __init__(self, batches, sizes, dtype):
+        self.dtype = np.dtype(dtype)
+        self.pointers = [pointers([sizes[k] for k in group]) for group in batches.groups]
+        self.n_maps = 0
+        self.paths = []
+        if batches.folder is None:  # the ends travel with the tasks and results
+            self.kept = [None] * len(self.pointers)
+            return
+        self.kept = None
+        self.buffers = []
+        try:
+            self._map_files(batches.folder)
+        except BaseException:
+            self.close()
+            raise
+
+    def _map_files(self, folder):
+        for c, ptr in enumerate(self.pointers):
+            pair = []
+            for parity in (0, 1):
+                path = os.path.join(folder, f"starts{id(self)}-{c}.{parity}")
+                pair.append(_writable_map(path, int(ptr[-1]), self.dtype))
+                if ptr[-1]:  # an empty one is in memory
+                    self.paths.append(path)
+            self.buffers.append(pair)
+
+    def image_starts(self):
+        """The :class:`ImageStarts` of each batch for the next map."""
+        if self.kept is not None:
+            return [ImageStarts(ptr, self.dtype, previous, travelling=True) for ptr, previous in zip(self.pointers, self.kept)]
+        read = self.n_maps % 2
+        return [
+            ImageStarts(ptr, self.dtype, pair[read] if self.n_maps else None, pair[1 - read])
+            for ptr, pair in zip(self.pointers, self.buffers)
+        ]
+
+    def advance(self, travelled):
+        """After a completed map: its ends become the next map's starts."""
+        if self.kept is not None:
+            self.kept = travelled
+        self.n_maps += 1
+
+    def close(self):
+        self.kept = self.buffers = None
+        for path in self.paths:
+            if os.path.exists(path):
+                os.unlink(path)
+            resource_tracker.unregister(path, "file")
+        self.paths = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _writable_map(path, size, dtype):
+    """A writable memory map of ``size`` values of ``dtype`` in a new file
+    whose room is taken now, so that a full file system raises OSError here
+    rather than SIGBUS when a worker writes to it."""
+    if size == 0:  # an empty file cannot be mapped
+        return np.empty(0, dtype)
+    with _room_for(path, "the inference warm starts"):
+        with open(path, "wb") as file:
+            n_bytes = size * dtype.itemsize
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(file.fileno(), 0, n_bytes)
+            else:
+                file.truncate(n_bytes)
+    return np.memmap(path, dtype=dtype, mode="r+", shape=(size,))
 
 
 class ImageBatches:
@@ -152,6 +303,8 @@ class ImageBatches:
         self.samples, self.labels = samples, labels
         self.n_jobs, self.verbose = n_jobs, verbose
         self.n_images = len(samples)
+        #: (nodes, edges) of each image
+        self.graph_sizes = [(s.node_features.shape[0], s.edges.shape[0]) for s in samples]
         self.groups = None
         self.folder = None  # where the batches are dumped, while open
         self._handles = None
@@ -182,6 +335,11 @@ class ImageBatches:
             self._parallel.__exit__(*exc)
             self._parallel = None
 
+    def warm_starts(self, sizes, dtype):
+        """A :class:`WarmStarts` for maps over these batches: ``sizes[k]``
+        values of ``dtype`` for image ``k``. Close it (or use ``with``)."""
+        return WarmStarts(self, sizes, dtype)
+
     def _hand_over(self):
         if len(self.groups) == 1:
             return [pack(self.samples, self.labels, self.groups[0])]
@@ -200,38 +358,36 @@ class ImageBatches:
         handles = []
         for c, group in enumerate(self.groups):
             path = os.path.join(self.folder, f"batch{c}.pkl")
-            try:
+            with _room_for(path, "the image batches"):
                 joblib.dump(pack(self.samples, self.labels, group), path)
-            except OSError as exc:
-                if os.path.exists(path):
-                    os.unlink(path)
-                if exc.errno not in _NO_ROOM:
-                    raise
-                raise OSError(
-                    exc.errno,
-                    f"no room for the image batches in {self.folder} ({exc.strerror}); free some space or set "
-                    "the environment variable JOBLIB_TEMP_FOLDER to a folder with more room",
-                ) from exc
-            # the tracker removes it if this process dies (and must know it
-            # for the folder manager's cleanup)
-            resource_tracker.register(path, "file")
             handles.append(joblib.load(path, mmap_mode="r"))
         return handles
 
-    def map(self, func, *args):
+    def map(self, func, *args, starts=None):
+        """``func(batch, *args)`` on every batch (with :class:`WarmStarts`
+        ``starts``: ``func(batch, *args, image_starts)``, an
+        :class:`ImageStarts` of that batch), the results in image order."""
+        handles = [None] * len(self.groups) if starts is None else starts.image_starts()
         if self._client is not None:
-            per_batch = self._client.gather([self._client.submit(func, h, *args, pure=False) for h in self._handles])
+            per_batch = self._client.gather([
+                self._client.submit(_call, func, batch, args, handle, pure=False)
+                for batch, handle in zip(self._handles, handles)
+            ])
         elif self._parallel is None:
-            per_batch = [func(handle, *args) for handle in self._handles]
+            per_batch = [_call(func, batch, args, handle) for batch, handle in zip(self._handles, handles)]
         else:
             try:
-                per_batch = self._parallel(delayed(func)(handle, *args) for handle in self._handles)
+                per_batch = self._parallel(
+                    delayed(_call)(func, batch, args, handle) for batch, handle in zip(self._handles, handles)
+                )
             except TerminatedWorkerError as exc:
                 self._stop_workers(type(exc), exc, exc.__traceback__)
                 self._start_workers()  # the batch files stay: fresh workers map them again
                 raise LostWorker(str(exc)) from exc
+        if starts is not None:
+            starts.advance([ends for _, ends in per_batch])
         out = [None] * self.n_images
-        for group, results in zip(self.groups, per_batch):
+        for group, (results, _) in zip(self.groups, per_batch):
             for k, result in zip(group, results):
                 out[k] = result
         return out

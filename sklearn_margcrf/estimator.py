@@ -47,6 +47,9 @@ from .gradients import (
     _Diagnostics,
     _Settings,
     check_combination,
+    MARGINAL_LOSSES,
+    WARM_START_MODES,
+    warm_start_applies,
 )
 from .inference import MIN_RHO
 from .sample import as_sample, labels_to_grid, marginals_to_image
@@ -463,6 +466,25 @@ class MarginalCRF(BaseEstimator):
         backward pass (the gradient is unchanged; at most one more forward
         pass). None keeps every iteration while one image's snapshots fit
         1 GiB. See :func:`~sklearn_margcrf.loss_and_grad`.
+    inference_warm_start : "auto" or bool, default="auto"
+        Start each image's inference in an L-BFGS evaluation from where it
+        ended at the previous evaluation of the same fit stage (the first
+        evaluation of each stage starts cold), instead of from uniform
+        messages (mean field: from ``softmax(theta_i)``). It changes the work,
+        not the objective: with ``gradient_mode`` "backprop", "perturbation"
+        and "implicit", inference runs to ``tol`` and the gradient is taken
+        at the fixed point reached, which either start reaches to within
+        ``tol``; the fit needs fewer inference iterations
+        (``n_inference_iter_``), and its gradients differ from a cold fit's
+        by the inference tolerance (L-BFGS may then take another path; the
+        perturbation gradient, whose perturbed passes start warm too, is
+        somewhat less accurate: docs/scaling.rst, "Warm starts"). ``"auto"``: on where it applies
+        (those modes, a marginal loss, ``trw``, ``lbp`` or ``mean_field``);
+        True: on, and ValueError where it does not apply (with
+        ``"truncated"`` the start is part of the model); False: off. The
+        fit keeps each image's last messages (``2 E K`` values per image;
+        mean field ``n K``) twice, in the folder of the batches (see
+        docs/scaling.rst). Prediction always starts cold.
 
     Attributes
     ----------
@@ -493,6 +515,11 @@ class MarginalCRF(BaseEstimator):
         Wall-clock seconds of ``fit`` (including the initialising fits).
     kernel_time_ : float
         Seconds spent inside ``loss_and_grad``, summed over workers.
+    n_inference_iter_ : int
+        Inference iterations run by ``fit`` (initialising fits included),
+        summed over images and evaluations, the perturbed and re-run
+        inferences of the gradient modes included: the work that
+        ``inference_warm_start`` saves.
 
     Notes
     -----
@@ -540,6 +567,7 @@ class MarginalCRF(BaseEstimator):
         "callback": [None, callable],
         "dtype": "no_validation",  # checked by _compute_dtype, which names the choices
         "checkpoints": [None, Interval(Integral, 1, None, closed="left")],
+        "inference_warm_start": ["boolean", StrOptions({"auto"})],
     }
 
     def __init__(
@@ -573,6 +601,7 @@ class MarginalCRF(BaseEstimator):
         callback=None,
         dtype=np.float64,
         checkpoints=None,
+        inference_warm_start="auto",
     ):
         self.loss = loss
         self.inference = inference
@@ -602,6 +631,7 @@ class MarginalCRF(BaseEstimator):
         self.callback = callback
         self.dtype = dtype
         self.checkpoints = checkpoints
+        self.inference_warm_start = inference_warm_start
 
     # -- scikit-learn plumbing ------------------------------------------------
 
@@ -658,7 +688,8 @@ class MarginalCRF(BaseEstimator):
         """The :class:`CRFObjective` of ``loss`` under ``inference`` (with the
         weights of the classes, a tuple, or None); for prediction, inference
         runs ``n_iter`` iterations after truncated fitting and to ``tol``
-        otherwise."""
+        otherwise. Training inference starts warm where
+        ``inference_warm_start`` asks for it and it applies."""
         truncated = self.gradient_mode == "truncated" and self.loss not in INFERENCE_FREE_LOSSES and inference != "exact"
         n_iter = None if prediction and not truncated else int(self.n_iter)
         settings = _Settings(
@@ -667,7 +698,28 @@ class MarginalCRF(BaseEstimator):
             alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
             checkpoints=self.checkpoints,
         )
-        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype), class_weight)
+        warm = not prediction and self.inference_warm_start is not False and warm_start_applies(settings)
+        return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype), class_weight, warm)
+
+    def _check_warm_start(self):
+        """ValueError when ``inference_warm_start=True`` cannot start the fit's inference warm."""
+        if self.inference_warm_start is not True:
+            return
+        if self.loss in INFERENCE_FREE_LOSSES or self.inference in ("independent", "exact"):
+            what = (f"loss={self.loss!r} needs no inference in training" if self.loss in INFERENCE_FREE_LOSSES
+                    else f"inference={self.inference!r} is not iterative")
+        elif self.gradient_mode not in WARM_START_MODES:
+            what = (f"with gradient_mode={self.gradient_mode!r} the model is the marginals after n_iter iterations "
+                    "from the usual start, so where inference starts is part of the model")
+        elif self.loss not in MARGINAL_LOSSES:
+            what = f"loss={self.loss!r} runs two inferences per image (full and clamped), which start cold"
+        else:
+            return
+        raise ValueError(
+            f"inference_warm_start=True does not apply: {what}. Warm starts apply to the marginal losses under "
+            f"trw, lbp or mean_field with gradient_mode in {WARM_START_MODES}; use inference_warm_start='auto' "
+            "(on where they apply) or False"
+        )
 
     def _class_weights(self, classes, labels):
         """``class_weight`` as a tuple of weights by label code, or None."""
@@ -746,6 +798,7 @@ class MarginalCRF(BaseEstimator):
         """
         progress = _FitProgress(start=time.perf_counter())
         self._check_combination(self.loss, self.inference)
+        self._check_warm_start()
         if self.gradient_mode == "perturbation":
             check_multiplier(self.multiplier, _compute_dtype(self.dtype))
         check_random_state(self.random_state)
@@ -854,6 +907,7 @@ class MarginalCRF(BaseEstimator):
         self.loss_curve_ = info["loss_curve"]
         self.time_curve_ = info["time_curve"]
         self.kernel_time_ = progress.kernel_time
+        self.n_inference_iter_ = progress.diagnostics.inference_iterations
         self._warn_diagnostics(progress.diagnostics, progress.n_images, "per-image gradient computations", "fit")
         self._warn_not_converged(progress.not_converged)
         self.fit_time_ = time.perf_counter() - progress.start
@@ -867,7 +921,7 @@ class MarginalCRF(BaseEstimator):
         def loss_gradient(w):
             while True:
                 try:
-                    value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg)
+                    value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg, starts)
                     break
                 except LostWorker as lost:
                     progress.lost_workers += 1
@@ -878,7 +932,8 @@ class MarginalCRF(BaseEstimator):
             return value, grad
 
         w0 = objective.pack(unary_coef, pairwise_coef)
-        w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
+        with objective.warm_starts(batches) as starts:  # each stage starts cold
+            w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
         return objective.unpack(w), info
 
     def _lost_worker(self, lost, where, retry):

@@ -114,8 +114,12 @@ class _Problem:
     """A validated model with its inference settings; runs forward and backward passes."""
 
     def __init__(self, edges, unary, pairwise, inference, gradient_mode, n_iter, tol, max_iter, rho, sides, multiplier,
-                 checkpoints=None, diagnostics=None):
+                 checkpoints=None, diagnostics=None, start=None):
         self.edges, self.unary, self.pairwise = edges, unary, pairwise
+        # every forward pass starts here (KERNELS[inference].end of an earlier
+        # pass; None: the kernel's usual start), the perturbed ones included,
+        # so that their differences stay those of one starting point
+        self.start = start
         self.inference, self.mode = inference, gradient_mode
         self.n_iter = n_iter if gradient_mode == "truncated" else None
         self.tol, self.max_iter = tol, max_iter
@@ -135,8 +139,9 @@ class _Problem:
         # entropy itself, with its gradient
         state, result = run_inference(
             self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
-            log_partition=False, checkpoints=self.checkpoints,
+            log_partition=False, checkpoints=self.checkpoints, start=self.start,
         )
+        self.diagnostics.inference_iterations += result.n_iter
         if self.inference in ("trw", "lbp") and floored_message_entries(state):
             self.diagnostics.floored = 1
         return state, result
@@ -178,6 +183,8 @@ class _Problem:
         the gradient is computed by back-propagating through exactly the
         iterations inference ran (re-run with a stack), which is the exact
         gradient of the reported loss, and ``diagnostics.fallback`` says so.
+        After a warm start (``self.start``), sweeps that fail are redone from
+        a cold start, so that the result is never that of a short pass.
         """
         backward = KERNELS[self.inference].backward
         sweeps = 4 * int(state.n_iter) + 100
@@ -187,6 +194,13 @@ class _Problem:
                 tol=self.tol, max_iter=sweeps, on_divergence="raise",
             )
         except BackpropDivergenceError as exc:
+            if self.start is not None:
+                # A warm start ran few iterations: the cap on the sweeps, and
+                # a fallback through the iterations run, would be those of a
+                # short pass. Do what a cold start does (a rare extra pass).
+                self.start = None
+                state, result = self.forward()
+                return self.backward(state, result, grad_unary_marginals, grad_pairwise_marginals)
             # the stack of the forward iterations is checkpointed (self.checkpoints,
             # or the memory budget of checkpoints=None), so its memory is bounded
             self.diagnostics.fallback = 1
@@ -299,11 +313,14 @@ class _Diagnostics:
     image; they add up over images): inference that did not reach ``tol``
     (the non-truncated gradient modes), TRW / LBP messages at their floor,
     and back-propagations that fell back to the stored iterations. Returned
-    as data, so that callers warn once for many images, in their own words."""
+    as data, so that callers warn once for many images, in their own words.
+    With them, the work done: the inference iterations run (all forward
+    passes, perturbed and re-run ones included)."""
 
     not_converged: int = 0
     floored: int = 0
     fallback: int = 0
+    inference_iterations: int = 0
 
     def __add__(self, other):
         return _Diagnostics(*(a + b for a, b in zip(astuple(self), astuple(other))))
@@ -361,21 +378,41 @@ def check_node_weight_loss(loss, what="node_weight"):
         )
 
 
-def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None):
+#: The gradient modes whose gradient depends on the fixed point that
+#: inference reaches and not on where it starts (with "truncated" the start
+#: is part of the model): see docs/scaling.rst, "Warm starts".
+WARM_START_MODES = ("backprop", "perturbation", "implicit")
+
+
+def warm_start_applies(settings):
+    """Whether the inference of a loss under ``settings`` may start from
+    where an earlier evaluation's ended (:func:`_loss_and_grad`'s ``start``):
+    a marginal loss, an iterative method and a mode of ``WARM_START_MODES``."""
+    return (settings.loss in MARGINAL_LOSSES and settings.inference in KERNELS
+            and settings.gradient_mode in WARM_START_MODES)
+
+
+def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None, start=None):
     """:func:`loss_and_grad` of validated inputs, with its diagnostics
     returned (:class:`_Diagnostics`) instead of warned:
-    ``(value, grad_unary, grad_pairwise, diagnostics)``. ``node_weight``
-    (n,) weighs the terms of the losses of ``WEIGHTED_LOSSES``."""
+    ``(value, grad_unary, grad_pairwise, diagnostics, end)``. ``node_weight``
+    (n,) weighs the terms of the losses of ``WEIGHTED_LOSSES``. Where
+    :func:`warm_start_applies`, inference starts from ``start`` (None: its
+    usual start) and ``end`` is where it ended (``KERNELS[...].end``, to
+    start the next evaluation from); otherwise ``end`` is None."""
     if settings.loss in INFERENCE_FREE_LOSSES:
         value, grad_unary, grad_pairwise = (pseudolikelihood if settings.loss == "pseudolikelihood" else piecewise)(
             edges, unary, pairwise, labels, node_weight
         )
-        return value, grad_unary, grad_pairwise, _Diagnostics()
+        return value, grad_unary, grad_pairwise, _Diagnostics(), None
     rho = resolve_rho(settings.rho, settings.inference, unary.shape[0], edges)
+    warm = warm_start_applies(settings)
     problem = _Problem(
         edges, unary, pairwise, settings.inference, settings.gradient_mode, settings.n_iter, settings.tol,
         settings.max_iter, rho, settings.sides, settings.multiplier, settings.checkpoints,
+        start=start if warm else None,
     )
+    end = None
     if settings.loss == "surrogate_likelihood":
         if node_weight is not None:
             check_node_weight_loss(settings.loss)
@@ -385,7 +422,9 @@ def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None):
         value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise, edges, labels,
                                                  alpha=settings.alpha, node_weight=node_weight)
         grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
-    return float(value), grad_unary, grad_pairwise, problem.diagnostics
+        if warm:
+            end = KERNELS[settings.inference].end(state)
+    return float(value), grad_unary, grad_pairwise, problem.diagnostics, end
 
 
 def _marginals(edges, unary, pairwise, settings):
@@ -521,7 +560,8 @@ def loss_and_grad(
             resolve_rho(rho, method, n_nodes, edges)
     settings = _Settings(loss, inference, gradient_mode, n_iter, tol, max_iter, rho, float(alpha), int(sides), multiplier,
                          checkpoints)
-    value, grad_unary, grad_pairwise, diagnostics = _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight)
+    value, grad_unary, grad_pairwise, diagnostics, _ = _loss_and_grad(edges, unary, pairwise, labels, settings,
+                                                                       node_weight)
     for category, message in diagnostics.warnings(settings):
         warn_at_caller(message, category)
     return value, grad_unary, grad_pairwise

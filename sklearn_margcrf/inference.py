@@ -128,10 +128,10 @@ def method_entropy(method, edges, unary_marginals, pairwise_marginals, rho, grad
     return trw_entropy(edges, unary_marginals, pairwise_marginals, rho, gradient=gradient)
 
 
-def _trw_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints):
+def _trw_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start=None):
     from .trw import trw_forward
 
-    return trw_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints)
+    return trw_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start)
 
 
 def _trw_backward(*args, **kwargs):
@@ -140,11 +140,11 @@ def _trw_backward(*args, **kwargs):
     return trw_backward(*args, **kwargs)
 
 
-def _mean_field_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints):
+def _mean_field_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start=None):
     from .mean_field import mean_field_forward
 
     return mean_field_forward(edges, unary, pairwise, n_iter=n_iter, tol=tol, max_iter=max_iter,
-                              keep_stack=keep_stack, checkpoints=checkpoints)
+                              keep_stack=keep_stack, checkpoints=checkpoints, start=start)
 
 
 def _mean_field_backward(*args, **kwargs):
@@ -156,20 +156,41 @@ def _mean_field_backward(*args, **kwargs):
 @dataclass(frozen=True)
 class Kernel:
     """An iterative inference method's forward pass, ``forward(edges, unary,
-    pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints) -> state``,
-    and its reverse mode, ``backward(state, dL/dmu_unary, dL/dmu_pairwise,
-    mode=..., tol=..., max_iter=..., on_divergence=...)``."""
+    pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start=None)
+    -> state``, its reverse mode, ``backward(state, dL/dmu_unary,
+    dL/dmu_pairwise, mode=..., tol=..., max_iter=..., on_divergence=...)``,
+    and where a pass ended: ``end(state)``, the array a later ``forward`` on
+    the same graph takes as ``start``, of ``end_size(n_nodes, n_edges,
+    n_states)`` values (TRW: the messages, mean field: the marginals)."""
 
     forward: object
     backward: object
+    end: object
+    end_size: object
+
+
+def _trw_end(state):
+    return state.slot_messages
+
+
+def _trw_end_size(n_nodes, n_edges, n_states):
+    return 2 * n_edges * n_states
+
+
+def _mean_field_end(state):
+    return state.unary_marginals
+
+
+def _mean_field_end_size(n_nodes, n_edges, n_states):
+    return n_nodes * n_states
 
 
 #: The one map from an iterative method to its kernels (used by ``infer`` and
 #: by the gradient modes). Loopy BP is TRW with rho = 1.
 KERNELS = {
-    "trw": Kernel(_trw_forward, _trw_backward),
-    "lbp": Kernel(_trw_forward, _trw_backward),
-    "mean_field": Kernel(_mean_field_forward, _mean_field_backward),
+    "trw": Kernel(_trw_forward, _trw_backward, _trw_end, _trw_end_size),
+    "lbp": Kernel(_trw_forward, _trw_backward, _trw_end, _trw_end_size),
+    "mean_field": Kernel(_mean_field_forward, _mean_field_backward, _mean_field_end, _mean_field_end_size),
 }
 
 
@@ -191,10 +212,12 @@ def _warn_floored(method, state):
 
 
 def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, keep_stack=False, log_partition=True,
-                  checkpoints=None):
+                  checkpoints=None, start=None):
     """Run a kernel on validated inputs; return (kernel state or None, InferenceResult).
 
     The state is what the kernel's backward pass needs (None for exact).
+    ``start`` is where an iterative method starts (``KERNELS[method].end``
+    of an earlier pass on the same graph; None: its usual start).
     Nothing is warned here: the callers report messages at the floor
     (``trw.floored_message_entries(state)``) in their own way.
     With ``log_partition=False`` the entropy is not evaluated (about a fifth
@@ -210,7 +233,7 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
 
         mu, mu2, log_z = exact_inference(edges, unary, pairwise)
         return None, InferenceResult(mu, mu2, dtype(log_z), 0, True, None)
-    state = KERNELS[method].forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints)
+    state = KERNELS[method].forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start)
     mu, mu2 = state.unary_marginals, state.pairwise_marginals
     if log_partition:
         entropy = method_entropy(method, edges, mu, mu2, rho)

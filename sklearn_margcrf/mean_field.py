@@ -122,7 +122,7 @@ class MeanFieldState:
     edges, unary, pairwise :
         The model (references to the caller's arrays, not copies).
     initial_marginals : (n, K)
-        ``softmax(unary)``, the starting point.
+        The starting point: ``softmax(unary)``, or the forward's ``start``.
     tol : float
         The forward tolerance.
     """
@@ -513,8 +513,8 @@ def _saves(n):
 
 
 def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1000,
-                       keep_stack=False, checkpoints=None):
-    """Sequential mean field from ``softmax(unary)``.
+                       keep_stack=False, checkpoints=None, start=None):
+    """Sequential mean field from ``softmax(unary)`` (or from ``start``).
 
     Parameters
     ----------
@@ -541,17 +541,20 @@ def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1
         With ``n_iter=None`` and fewer snapshots than iterations, the forward
         pass runs twice (to find the number of iterations, then to keep the
         planned snapshots).
+    start : (n, K) array or None
+        The marginals to start from (``unary_marginals`` of an earlier pass
+        on the same graph); None starts from ``softmax(unary)``.
 
     Returns
     -------
     MeanFieldState
     """
     return _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stack,
-                               checkpoints, STACK_MEMORY_BUDGET)
+                               checkpoints, STACK_MEMORY_BUDGET, start)
 
 
 def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stack, checkpoints,
-                        budget):
+                        budget, start=None):
     """:func:`mean_field_forward` with the stack memory budget as an argument."""
     dtype = _compute_dtype(unary)
     edges = np.ascontiguousarray(edges, dtype=np.int64).reshape(-1, 2)
@@ -567,8 +570,11 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
     inc = incidence(n_nodes, edges)
     snapshot_bytes = n_nodes * n_states * dtype.itemsize
 
-    initial = np.empty((n_nodes, n_states), dtype=dtype)
-    _softmax_rows(unary, initial)
+    if start is None:
+        initial = np.empty((n_nodes, n_states), dtype=dtype)
+        _softmax_rows(unary, initial)
+    else:
+        initial = np.array(start, dtype=dtype).reshape(n_nodes, n_states)
     mu = initial.copy()
 
     def run(n_sweeps, stop, stack_rev, save_at):

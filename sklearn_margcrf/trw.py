@@ -19,8 +19,9 @@ For edge ``c = (i, j)`` the message into ``i`` is ::
 
 Schedule
 --------
-Messages start uniform (``1 / K``). One iteration updates every message exactly
-once, in this fixed order:
+Messages start uniform (``1 / K``), or from the messages of an earlier pass
+on the same graph (``start``: warm starts of inference run to ``tol``). One
+iteration updates every message exactly once, in this fixed order:
 
 1. forward sweep, ``e = 0, 1, ..., E - 1``: update the message into
    ``edges[e, 1]`` (sent by ``edges[e, 0]``);
@@ -1049,7 +1050,8 @@ def _schedule(n, edges, rho, interleave):
     return ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot
 
 
-def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None):
+def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None,
+                start=None):
     """Tree-reweighted belief propagation (loopy BP for ``rho = 1``).
 
     Parameters
@@ -1078,16 +1080,20 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
         iteration while they fit ``STACK_MEMORY_BUDGET`` and as many as fit
         otherwise. One snapshot is ``2E * K`` floats (twice that for a
         ``rho`` that is neither all ones nor all one half).
+    start : (2E, K) array or None
+        The messages to start from, in internal slot order
+        (``TRWState.slot_messages`` of an earlier pass on the same graph);
+        None starts from uniform messages.
 
     Returns
     -------
     TRWState
     """
-    return _forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints)
+    return _forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start=start)
 
 
 def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None,
-             specialise=True, interleave=None):
+             specialise=True, interleave=None, start=None):
     """:func:`trw_forward`, with the kernel variant as arguments: ``specialise``
     compiles the label loops for the constant K (K <= ``_MAX_SPECIALISED_K``),
     ``interleave`` runs the sweeps in interleaved order (default: for K = 2
@@ -1112,15 +1118,20 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     tabs = np.empty((2 * E, K, K), dtype)
     rsum = np.empty((2 * E, K), dtype)
     _build_tables(unary, pairwise, rho, eu, tabs, rsum)
-    M = np.full((2 * E, K), 1.0 / K, dtype)
+    if start is None:
+        M = np.full((2 * E, K), 1.0 / K, dtype)
+    else:
+        M = np.array(start, dtype=dtype).reshape(2 * E, K)  # a copy: the kernel updates it in place
     IM = np.divide(1, M, dtype=dtype)  # as the kernels invert, so that recomputed iterations match
     if mode == _RHO_ONE:
         MP = M
     elif mode == _RHO_HALF:
         MP = np.sqrt(M)
-    else:
+    elif start is None:
         MP = np.empty((2 * E, K), dtype)
         MP[...] = np.power(M[0, 0], rho_slot)[:, None]
+    else:
+        MP = np.power(M, rho_slot[:, None], dtype=dtype)
     snapshots = stack_pow = np.empty((0, 0, 0), dtype)
     push_slot = np.empty(0, np.int64)
     starts = None
