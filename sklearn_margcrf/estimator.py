@@ -476,12 +476,14 @@ class MarginalCRF(BaseEstimator):
         at the fixed point reached, which either start reaches to within
         ``tol``; the fit needs fewer inference iterations
         (``n_inference_iter_``), and its gradients differ from a cold fit's
-        by the inference tolerance (L-BFGS may then take another path; the
-        perturbation gradient, whose perturbed passes start warm too, is
-        somewhat less accurate: docs/scaling.rst, "Warm starts"). ``"auto"``: on where it applies
-        (those modes, a marginal loss, ``trw``, ``lbp`` or ``mean_field``);
-        True: on, and ValueError where it does not apply (with
-        ``"truncated"`` the start is part of the model); False: off. The
+        by the inference tolerance (L-BFGS may then take another path).
+        ``"auto"``: on for "backprop" and "implicit" with a marginal loss
+        under ``trw``, ``lbp`` or ``mean_field``; off for "perturbation",
+        whose gradient measured 1.7-2.6 times less accurate from a warm start
+        (its perturbed passes start warm too and stop at ``tol``:
+        docs/scaling.rst, "Warm starts"). True: on in those three modes, and
+        ValueError where it does not apply (with ``"truncated"`` the start is
+        part of the model); False: off. The
         fit keeps each image's last messages (``2 E K`` values per image;
         mean field ``n K``) twice, in the folder of the batches (see
         docs/scaling.rst). Prediction always starts cold.
@@ -698,7 +700,10 @@ class MarginalCRF(BaseEstimator):
             alpha=float(self.alpha), sides=int(self.sides), multiplier=float(self.multiplier),
             checkpoints=self.checkpoints,
         )
-        warm = not prediction and self.inference_warm_start is not False and warm_start_applies(settings)
+        # "auto" leaves the perturbation gradient cold: warm, it measured less accurate (docs/scaling.rst)
+        wanted = self.inference_warm_start is True or (
+            self.inference_warm_start == "auto" and self.gradient_mode != "perturbation")
+        warm = not prediction and wanted and warm_start_applies(settings)
         return CRFObjective(settings, shape_f, shape_g, _compute_dtype(self.dtype), class_weight, warm)
 
     def _check_warm_start(self):
