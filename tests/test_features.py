@@ -451,3 +451,20 @@ def test_fourier_features_refuse_a_transposed_input_instead_of_exhausting_memory
     # (5, 1000) read as d = 1000 base features would ask for 2 * 2**1000 columns
     with pytest.raises(ValueError, match="transposed"):
         fourier_features(np.ones((5, 17)))
+
+
+class _RecordsFitLabels(DenoisingFeatures):
+    """A (supervised-looking) part that keeps the labels ``fit`` was given."""
+
+    def fit(self, X, y=None):
+        self.fit_labels_ = y
+        return super().fit(X, y)
+
+
+def test_combined_features_fit_passes_the_labels_to_every_part():
+    rng = np.random.default_rng(0)
+    images = [rng.uniform(size=(6, 7)) for _ in range(2)]
+    labels = [rng.integers(0, 2, size=(6, 7)) for _ in range(2)]
+    combined = CombinedFeatures(unary=[_RecordsFitLabels()], edge=_RecordsFitLabels()).fit(images, labels)
+    for part in combined.unary_transformers_ + combined.edge_transformers_:
+        assert part.fit_labels_ is labels

@@ -326,3 +326,20 @@ def test_piecewise_bounds_true_likelihood():
     assert piecewise(EDGES, unary, pairwise, labels)[0] >= log_z - score
 
 
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_loss_and_grad_routes_each_inference_free_loss_to_its_definition(k):
+    # the two losses share one branch of loss_and_grad: swapping them there
+    # must show, which their own finite differences cannot see
+    from sklearn_margcrf import loss_and_grad
+
+    rng = np.random.default_rng(60 + k)
+    unary, pairwise = random_model(EDGES, N_NODES, k, rng, scale=2.0)
+    labels = rng.integers(0, k, size=N_NODES)
+    pseudo = loss_and_grad(EDGES, unary, pairwise, labels, loss="pseudolikelihood")[0]
+    assert pseudo == pytest.approx(pseudolikelihood_by_enumeration(EDGES, unary, pairwise, labels, range(N_NODES)))
+    pieces = sum(unary[i, labels[i]] - np.log(np.exp(unary[i]).sum()) for i in range(N_NODES))
+    pieces += sum(pairwise[e, labels[i], labels[j]] - np.log(np.exp(pairwise[e]).sum()) for e, (i, j) in enumerate(EDGES))
+    assert loss_and_grad(EDGES, unary, pairwise, labels, loss="piecewise")[0] == pytest.approx(-pieces)
+    assert pseudo != pytest.approx(-pieces)
