@@ -137,8 +137,10 @@ def run(args):
             print(f"{name}: iteration {offset_n + report.n_iter}  objective {report.objective:.8g}  "
                   f"{offset_s + report.elapsed:.1f} s", flush=True)
 
+        # the stopping rule off here, whatever the example's model says: the
+        # curve must go on past where any candidate rule would stop
         model.set_params(init="zeros", callback=callback, max_iter=args.max_iter - offset_n,
-                         lbfgs_tol=0.0, max_restarts=10)
+                         lbfgs_tol=0.0, max_restarts=10, objective_tol=0.0)
         with _common.ignore_convergence_warnings():
             model.fit(X_train, y_train, unary_coef_init=np.array(done["unary_coef"]),
                       pairwise_coef_init=np.array(done["pairwise_coef"]))
