@@ -49,11 +49,12 @@ def stop_iteration(objective, n_iter_no_change, objective_tol):
     objective fell by less than ``objective_tol * |f_k|`` over the last
     ``n_iter_no_change`` iterations; None when it never stops. ``objective``
     holds f_0 (the start) to f_n."""
-    f = np.array([np.nan if v is None else v for v in objective], dtype=np.float64)
-    for k in range(n_iter_no_change, len(f)):
-        if np.isnan(f[k - n_iter_no_change]):
-            continue
-        if f[k - n_iter_no_change] - f[k] < objective_tol * abs(f[k]):
+    from sklearn_margcrf.estimator import objective_stalled
+
+    for k in range(n_iter_no_change, len(objective)):
+        # a record's start has no objective: no window reaches back to it
+        if objective[k - n_iter_no_change] is not None and objective_stalled(
+                objective[: k + 1], n_iter_no_change, objective_tol):
             return k
     return None
 

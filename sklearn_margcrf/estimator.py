@@ -65,6 +65,17 @@ N_ITER_NO_CHANGE = 10
 OBJECTIVE_TOL = 1e-3
 
 
+def objective_stalled(objectives, n_iter_no_change, objective_tol):
+    """The stopping rule on the objective values so far (the start, then one
+    per L-BFGS iteration): the last fell by less than ``objective_tol`` times
+    its size below the value ``n_iter_no_change`` iterations before; never
+    with ``objective_tol=0``. (examples/fit_curves.py replays it on curves.)"""
+    n = n_iter_no_change
+    if objective_tol == 0 or len(objectives) <= n:
+        return False
+    return objectives[-1 - n] - objectives[-1] < objective_tol * abs(objectives[-1])
+
+
 # ---------------------------------------------------------------------------
 # Input validation (structured X: a list of samples)
 # ---------------------------------------------------------------------------
@@ -1106,10 +1117,7 @@ class MarginalCRF(BaseEstimator):
         ``objectives`` (the start, then one value per L-BFGS iteration): it
         fell by less than ``objective_tol * |f|`` over the last
         ``n_iter_no_change`` iterations."""
-        n = self.n_iter_no_change
-        if self.objective_tol == 0 or len(objectives) <= n:
-            return False
-        return objectives[-1 - n] - objectives[-1] < self.objective_tol * abs(objectives[-1])
+        return objective_stalled(objectives, self.n_iter_no_change, self.objective_tol)
 
     # -- prediction -----------------------------------------------------------------
 
