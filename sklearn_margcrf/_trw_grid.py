@@ -1,0 +1,621 @@
+"""TRW and back TRW on 4-connected image grids, a line of pixels at a time.
+
+On the edges of :func:`sklearn_margcrf.grid_edges` (``H x W``), the schedule of
+:mod:`sklearn_margcrf.trw` has four phases per iteration: the forward sweep
+over the horizontal edges (messages rightwards, row by row) and then over the
+vertical ones (downwards), the backward sweep over the vertical edges
+(upwards) and then over the horizontal ones (leftwards). Within a phase, the
+updates that send from one image column (horizontal edges) or one image row
+(vertical edges) are independent: each reads the messages into its sender,
+which no update of the same column / row writes. So a phase runs as a
+sequence of *lines*, and each stage of an update (cavity, message,
+normaliser, store) is one loop along the line ("lanes"), which the compiler
+turns into vector instructions. Only independent updates change places, and
+each computes exactly what the general kernels of :mod:`sklearn_margcrf.trw`
+compute (the same operations in the same order), so forward and reverse
+sweeps give bitwise the same results.
+
+Layout. The messages into pixel ``(r, c)`` from its left, right, upper and
+lower neighbours sit in four planes ``L, R, U, D``, each ``(K, ...)`` with the
+label outermost. The horizontal planes are stored column by column
+(``[x, c, r]``), the vertical ones row by row (``[x, r, c]``): a phase reads
+its own family's planes, tables and adjoints contiguously along its lines,
+and the other family's with a stride. A phase sees its family through
+``(a, l)`` coordinates, ``a`` along the sweep and ``l`` along the line: own
+planes ``[2, K, a, l]`` (``_BEFORE``: from the neighbour at ``a - 1``,
+``_AFTER``: from ``a + 1``), the other family's ``[2, K, l, a]``. At the image
+border the absent neighbour's message is 1, and so are its power and
+inverse: a product then skips it exactly, and ``rho log 1 = 0`` in the log
+domain. One flat buffer holds the four planes (horizontal, then vertical).
+
+Marginals, steps 6 and 7 of back TRW and the rare log-domain recomputations
+are :mod:`sklearn_margcrf.trw`'s, on its slot layout; ``Grid`` converts.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from ._graph import grid_edges
+from .trw import (
+    _RHO_GENERAL,
+    _RHO_HALF,
+    _RHO_ONE,
+    _limits_of,
+    _live,
+    _log_cavity,
+    _log_joint_of_cavity,
+    _message_entry,
+    _pairwise_top,
+)
+
+_BEFORE = 0  # plane L (horizontal family) or U (vertical)
+_AFTER = 1  # plane R or D
+
+
+def grid_shape(n_nodes, edges):
+    """``(H, W)`` when ``edges`` are exactly ``grid_edges(H, W)`` with
+    ``H * W = n_nodes`` and at least one edge, else None."""
+    E = edges.shape[0]
+    if E == 0:
+        return None
+    steps = edges[:, 1] - edges[:, 0]
+    wide = np.flatnonzero(steps != 1)
+    width = int(steps[wide[0]]) if wide.size else n_nodes  # the first vertical edge joins 0 and W
+    if width < 1 or n_nodes % width:
+        return None
+    height = n_nodes // width
+    if E != height * (width - 1) + (height - 1) * width or not np.array_equal(edges, grid_edges(height, width)):
+        return None
+    return height, width
+
+
+class Grid:
+    """The planes of an ``H x W`` grid and their map to the slot layout."""
+
+    def __init__(self, height, width, slot_edge, slot_side, n_states):
+        self.height, self.width, self.n_states = height, width, n_states
+        self.slot_pos = _slot_positions(height, width, n_states, slot_edge, slot_side)
+        # (first edge, edge stride along a, along l, node stride along a, along l, H, W)
+        self.geometry_h = np.array([0, 1, width - 1, 1, width, height, width], np.int64)
+        self.geometry_v = np.array([height * (width - 1), width, 1, width, 1, height, width], np.int64)
+
+    @property
+    def size(self):
+        return 4 * self.height * self.width * self.n_states
+
+    def views(self, flat):
+        """The horizontal ``[2, K, W, H]`` and vertical ``[2, K, H, W]`` planes of a flat buffer."""
+        return _views(flat, self.height, self.width, self.n_states)
+
+    def to_grid(self, slot_array, fill=1.0, dtype=None):
+        """(2E, K) slot layout -> flat planes; absent neighbours get ``fill``."""
+        flat = np.full(self.size, fill, dtype=slot_array.dtype if dtype is None else dtype)
+        _copy_slots(slot_array, self.slot_pos, self.height, self.width, flat, True)
+        return flat
+
+    def to_slots(self, flat):
+        """Flat planes -> (2E, K) slot layout."""
+        out = np.empty((self.slot_pos.shape[0], self.n_states), flat.dtype)
+        _copy_slots(out, self.slot_pos, self.height, self.width, flat, False)
+        return out
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _views(flat, H, W, K):
+    half = 2 * K * H * W
+    return flat[:half].reshape((W, 2, K, H)), flat[half:].reshape((H, 2, K, W))
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _label_stride(pos, H, W, K):
+    """Distance between the labels of the message at flat position ``pos``."""
+    return H if pos < 2 * K * H * W else W
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _slot_positions(H, W, K, slot_edge, slot_side):
+    """Flat position of label 0 of each slot's message (label ``x``: ``x H W`` further)."""
+    n_h = H * (W - 1)
+    pos = np.empty(slot_edge.shape[0], np.int64)
+    for k in range(slot_edge.shape[0]):
+        e = slot_edge[k]
+        s = slot_side[k]
+        if e < n_h:  # h(r, c) joins (r, c) and (r, c + 1); planes [x, c, r]
+            r = e // (W - 1)
+            c = e % (W - 1)
+            if s == 0:  # into (r, c) from its right
+                pos[k] = (c * 2 + _AFTER) * K * H + r
+            else:  # into (r, c + 1) from its left
+                pos[k] = ((c + 1) * 2 + _BEFORE) * K * H + r
+        else:  # v(r, c) joins (r, c) and (r + 1, c); planes [x, r, c]
+            r = (e - n_h) // W
+            c = (e - n_h) % W
+            if s == 0:  # into (r, c) from below
+                pos[k] = 2 * K * H * W + (r * 2 + _AFTER) * K * W + c
+            else:  # into (r + 1, c) from above
+                pos[k] = 2 * K * H * W + ((r + 1) * 2 + _BEFORE) * K * W + c
+    return pos
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _copy_slots(slot_array, slot_pos, H, W, flat, to_planes):
+    """Copy between the (2E, K) slot layout and the flat planes (either way)."""
+    K = slot_array.shape[1]
+    for k in range(slot_array.shape[0]):
+        stride = _label_stride(slot_pos[k], H, W, K)
+        for x in range(K):
+            if to_planes:
+                flat[slot_pos[k] + x * stride] = slot_array[k, x]
+            else:
+                slot_array[k, x] = flat[slot_pos[k] + x * stride]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def build_grid_tables(pairwise, rho, H, W, T_h, T_v, RS_h, RS_v):
+    """The tables of :func:`sklearn_margcrf.trw._build_tables` per family,
+    ``T[a, x_i, x_j, l]`` for the edge from ``(a, l)`` to ``(a + 1, l)``, once
+    per edge (each sweep reads it in its orientation), and their sums over the
+    receiver's label: ``RS[0]`` for the forward sweep, ``RS[1]`` for the
+    backward one."""
+    K = pairwise.shape[1]
+    n_h = H * (W - 1)
+    for c in range(pairwise.shape[0]):
+        if c < n_h:
+            T = T_h
+            a = c % (W - 1)
+            l = c // (W - 1)
+        else:
+            T = T_v
+            a = (c - n_h) // W
+            l = (c - n_h) % W
+        top = _pairwise_top(pairwise, c)
+        inv_rho = 1.0 / rho[c]
+        for xi in range(K):
+            for xj in range(K):
+                T[a, xi, xj, l] = math.exp((pairwise[c, xi, xj] - top) * inv_rho)
+    for T, RS in ((T_h, RS_h), (T_v, RS_v)):
+        for a in range(T.shape[0]):
+            for l in range(T.shape[3]):
+                for x in range(K):
+                    forward = T[a, x, 0, l]
+                    backward = T[a, 0, x, l]
+                    for y in range(1, K):
+                        forward += T[a, x, y, l]
+                        backward += T[a, y, x, l]
+                    RS[a, 0, x, l] = forward
+                    RS[a, 1, x, l] = backward
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav):
+    """Step (a): the cavity of every sender of the line, in the product order
+    of the slot kernels (slots of the sender backwards: D, U, R, L)."""
+    Lw = Io.shape[3]
+    for x in range(K):
+        for l in range(Lw):
+            v = eu_o[snd, x, l] * Io[snd, pr, x, l]
+            if own_first:  # vertical family: own planes are U, D
+                v = v * Po[snd, _AFTER, x, l] * Po[snd, _BEFORE, x, l] * Px[l, _AFTER, x, snd] * Px[l, _BEFORE, x, snd]
+            else:
+                v = v * Px[l, _AFTER, x, snd] * Px[l, _BEFORE, x, snd] * Po[snd, _AFTER, x, l] * Po[snd, _BEFORE, x, l]
+            cav[x, l] = v
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, rho_c, unary, pairwise, flat_M, slot_pos,
+                  H, W, loc, cav1, q):
+    """:func:`sklearn_margcrf.trw._log_joint` of the update at ``(a, l)``: the
+    sender's messages gathered from the planes into slot order."""
+    e = geometry[0] + a * geometry[1] + l * geometry[2]
+    s = 0 if backward else 1
+    r = slot_of[e, 1 - s]
+    u = snd * geometry[3] + l * geometry[4]
+    lo = ptr[u]
+    hi = ptr[u + 1]
+    for k in range(lo, hi):
+        for x in range(K):
+            loc[k - lo, x] = flat_M[slot_pos[k] + x * _label_stride(slot_pos[k], H, W, K)]
+    _log_cavity(u, r - lo, 0, hi - lo, unary, rho_slot[lo:hi], loc, cav1)
+    _log_joint_of_cavity(e, s, rho_c, pairwise, cav1, q)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode):
+    """The new messages of a line, ``out / total`` (``rho_mode``: a constant)."""
+    for x in range(K):
+        for l in range(Lw):
+            m, im, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
+            Mo[rcv, pt, x, l] = m
+            Io[rcv, pt, x, l] = im
+            if rho_mode != _RHO_ONE:  # _RHO_ONE: Po is Mo
+                Po[rcv, pt, x, l] = p
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_mode, geometry, slot_of, ptr,
+           rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
+    """One phase of a TRW iteration (Eq. TRW-msgs), line after line; returns
+    the number of log-domain fallbacks. The forward sweep (``backward`` False)
+    writes the ``_BEFORE`` plane at ``a + 1`` from the sender at ``a``, the
+    backward sweep the ``_AFTER`` plane at ``a`` from the sender at ``a + 1``."""
+    K = len(kt) if len(kt) > 0 else Mo.shape[2]
+    floor, tiny, huge, _, _, _, one = _limits_of(eu_o)
+    A = Mo.shape[0]
+    Lw = Mo.shape[3]
+    H = geometry[5]
+    W = geometry[6]
+    cav = scratch[:K]
+    out = scratch[K:2 * K]
+    total = scratch[2 * K]
+    inv = scratch[2 * K + 1]
+    pt = _AFTER if backward else _BEFORE  # the plane written
+    pr = _BEFORE if backward else _AFTER  # the reverse messages
+    n_fallback = 0
+    for step in range(A - 1):
+        a = A - 2 - step if backward else step
+        snd = a + 1 if backward else a
+        rcv = a if backward else a + 1
+        _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav)
+        for xv in range(K):
+            for l in range(Lw):
+                out[xv, l] = cav[0, l] * (T[a, xv, 0, l] if backward else T[a, 0, xv, l])
+            for xu in range(1, K):
+                for l in range(Lw):
+                    out[xv, l] += cav[xu, l] * (T[a, xv, xu, l] if backward else T[a, xu, xv, l])
+        for l in range(Lw):
+            total[l] = out[0, l]
+        for x in range(1, K):
+            for l in range(Lw):
+                total[l] += out[x, l]
+        n_bad = 0
+        for l in range(Lw):
+            if not (total[l] > tiny and total[l] < huge):
+                bad[n_bad] = l
+                n_bad += 1
+        for l in range(Lw):
+            inv[l] = one / total[l]
+        # one loop per rho class, each free of branches
+        if rho_mode == _RHO_HALF:
+            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_HALF)
+        elif rho_mode == _RHO_ONE:
+            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_ONE)
+        else:
+            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_GENERAL)
+        for b in range(n_bad):  # these lanes again, in the log domain
+            l = bad[b]
+            n_fallback += 1
+            rho_c = RHOo[rcv, pt, l]
+            _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, rho_c, unary, pairwise, flat_M,
+                          slot_pos, H, W, loc, cav1, q)
+            for xv in range(K):
+                m = q[0, xv]
+                for xu in range(1, K):
+                    m += q[xu, xv]
+                m, im, p = _message_entry(m, rho_mode, rho_c, floor, one)
+                Mo[rcv, pt, xv, l] = m
+                Io[rcv, pt, xv, l] = im
+                if rho_mode != _RHO_ONE:
+                    Po[rcv, pt, xv, l] = p
+    return n_fallback
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, rho_mode):
+    """Step (e) for a line, the own family's planes: ``rho_d h / m_d`` into
+    the adjoints of the messages into the senders, then ``-h / m_c`` into the
+    reverse ones (``rho_mode``: a constant)."""
+    for p in range(2):
+        for x in range(K):
+            for l in range(Lw):
+                ik = Io[snd, p, x, l]
+                rk = _plane_rho(rho_mode, RHOo, p, snd, l, half, one)
+                Ao[snd, p, x, l] += _live(rk * h[x, l] * ik, ik, inv_floor, zero)
+    for x in range(K):
+        for l in range(Lw):
+            ir = Io[snd, pr, x, l]
+            Ao[snd, pr, x, l] -= _live(h[x, l] * ir, ir, inv_floor, zero)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, rho_mode):
+    """Step (e) for a whole phase, the other family's planes, from the kept
+    ``held[l, x, a] = h`` of every sender: each of these adjoints receives
+    one term per phase and none is read within it, so they can wait for the
+    end of the phase and then be updated in their own (contiguous) order."""
+    for l in range(Ax.shape[0]):
+        for p in range(2):
+            for x in range(K):
+                for a in senders:
+                    ik = Ix[l, p, x, a]
+                    rk = _plane_rho(rho_mode, RHOx, p, l, a, half, one)
+                    Ax[l, p, x, a] += _live(rk * held[l, x, a] * ik, ik, inv_floor, zero)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _plane_rho(rho_mode, RHO, p, i, j, half, one):
+    """The rho of the message in plane ``p`` at ``[i, j]`` (constant for the uniform classes)."""
+    if rho_mode == _RHO_HALF:
+        return half
+    if rho_mode == _RHO_ONE:
+        return one
+    return RHO[i, p, j]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
+                   RHOo, RHOx, rho_mode, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
+                   scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
+    """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
+    reverse order of :func:`_phase` (see ``trw._reverse_sweep``, whose steps
+    (a)-(g) this follows lane by lane). ``Ao`` / ``Ax``: adjoint messages,
+    ``GP[a, x_i K + x_j, l]``: the family's pairwise adjoints; with
+    ``restore``, the messages are restored from the snapshot planes
+    ``snap_o`` (``snap_pow_o``)."""
+    K = len(kt) if len(kt) > 0 else Mo.shape[2]
+    _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu_o)
+    keep_pow = snap_pow_o.shape[0] > 0
+    A = Mo.shape[0]
+    Lw = Mo.shape[3]
+    H = geometry[5]
+    W = geometry[6]
+    cav = scratch[:K]
+    z = scratch[K]
+    inv = scratch[K + 1]
+    rv = adjoint_scratch[:K]
+    h = adjoint_scratch[K:2 * K]
+    dot = adjoint_scratch[2 * K]
+    held = adjoint_held[:Lw * K * A].reshape((Lw, K, A))
+    pt = _AFTER if backward else _BEFORE
+    pr = _BEFORE if backward else _AFTER
+    d = 1 if backward else 0
+    for step in range(A - 1):
+        a = step if backward else A - 2 - step
+        snd = a + 1 if backward else a
+        rcv = a if backward else a + 1
+        # (b) nu / m_ci = g - g . m_ci
+        for l in range(Lw):
+            dot[l] = Ao[rcv, pt, 0, l] * Mo[rcv, pt, 0, l]
+        for x in range(1, K):
+            for l in range(Lw):
+                dot[l] += Ao[rcv, pt, x, l] * Mo[rcv, pt, x, l]
+        for x in range(K):
+            for l in range(Lw):
+                rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
+        # (a) s = tab * A(x_u), and its sum Z
+        _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav)
+        for l in range(Lw):
+            z[l] = cav[0, l] * RS[a, d, 0, l]
+        for x in range(1, K):
+            for l in range(Lw):
+                z[l] += cav[x, l] * RS[a, d, x, l]
+        n_bad = 0
+        for l in range(Lw):
+            if z[l] > tiny and z[l] < huge:
+                inv[l] = one / z[l]
+            else:  # zero contributions here, the log-domain ones below
+                bad[n_bad] = l
+                n_bad += 1
+                inv[l] = zero
+                for x in range(K):
+                    cav[x, l] = zero
+        for x in range(K):
+            for l in range(Lw):
+                h[x, l] = 0.0
+        # (c) val = ((A tab) / Z) (nu / m_ci) into g_p; h = sum over x_i
+        for xv in range(K):
+            for xu in range(K):
+                gi = xv * K + xu if backward else xu * K + xv
+                for l in range(Lw):
+                    val = cav[xu, l] * (T[a, xv, xu, l] if backward else T[a, xu, xv, l]) * inv[l] * rv[xv, l]
+                    GP[a, gi, l] += val
+                    h[xu, l] += val
+        for b in range(n_bad):
+            l = bad[b]
+            _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, RHOo[rcv, pt, l], unary,
+                          pairwise, flat_M, slot_pos, H, W, loc, cav1, q)
+            for xv in range(K):
+                bv = rv[xv, l]
+                gi0 = xv * K if backward else xv
+                for xu in range(K):
+                    val = q[xu, xv] * bv
+                    GP[a, gi0 + (xu if backward else xu * K), l] += val
+                    h[xu, l] += val
+        # (d) theta_u (in node order for the vertical family, else after the
+        # phase); (e) the sender's adjoint messages: own planes now, the other
+        # family's after the phase
+        if own_first:
+            for l in range(Lw):
+                for x in range(K):
+                    g_u[snd * geometry[3] + l * geometry[4], x] += h[x, l]
+        for x in range(K):
+            for l in range(Lw):
+                held[l, x, snd] = h[x, l]
+        if rho_mode == _RHO_HALF:
+            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_HALF)
+        elif rho_mode == _RHO_ONE:
+            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_ONE)
+        else:
+            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_GENERAL)
+        # (f) restore m_ci; (g) its adjoint is spent
+        if restore:
+            for x in range(K):
+                for l in range(Lw):
+                    m = snap_o[rcv, pt, x, l]
+                    Mo[rcv, pt, x, l] = m
+                    Io[rcv, pt, x, l] = one / m
+                    if rho_mode == _RHO_HALF:
+                        Po[rcv, pt, x, l] = math.sqrt(m)
+                    elif keep_pow:
+                        Po[rcv, pt, x, l] = snap_pow_o[rcv, pt, x, l]
+        for x in range(K):
+            for l in range(Lw):
+                Ao[rcv, pt, x, l] = 0.0
+    senders = range(1, A) if backward else range(0, A - 1)
+    if rho_mode == _RHO_HALF:
+        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_HALF)
+    elif rho_mode == _RHO_ONE:
+        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_ONE)
+    else:
+        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_GENERAL)
+    if not own_first:  # horizontal family: theta_u in node order, (r, c, x)
+        for l in range(Lw):
+            for a in senders:
+                for x in range(K):
+                    g_u[a * geometry[3] + l * geometry[4], x] += held[l, x, a]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode, geometry_h, geometry_v, slot_of, ptr,
+               rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
+    """One TRW iteration on the flat plane buffers ``M``, ``P``, ``I``
+    (messages, powers, inverses); returns the number of log-domain fallbacks."""
+    K = eu_h.shape[1]
+    Mh, Mv = _views(M, H, W, K)
+    Ph, Pv = _views(P, H, W, K)
+    Ih, Iv = _views(I, H, W, K)
+    n = _phase(kt, False, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_mode, geometry_h, slot_of, ptr, rho_slot,
+               unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+    n += _phase(kt, False, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_mode, geometry_v, slot_of, ptr, rho_slot,
+                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+    n += _phase(kt, True, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_mode, geometry_v, slot_of, ptr, rho_slot,
+                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+    n += _phase(kt, True, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_mode, geometry_h, slot_of, ptr, rho_slot,
+                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+    return n
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def grid_reverse_sweep(kt, H, W, restore, M, P, I, snap, snap_pow, eu_h, eu_v, T_h, T_v, RS_h, RS_v, rho_h, rho_v,
+                       rho_mode, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
+                       slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
+    """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
+    reverse, restoring the messages from the snapshot ``snap`` (flat planes)
+    with ``restore``."""
+    K = eu_h.shape[1]
+    Mh, Mv = _views(M, H, W, K)
+    Ph, Pv = _views(P, H, W, K)
+    Ih, Iv = _views(I, H, W, K)
+    Ah, Av = _views(Madj, H, W, K)
+    Sh, Sv = _views(snap, H, W, K)
+    if snap_pow.shape[0] > 0:
+        SPh, SPv = _views(snap_pow, H, W, K)
+    else:
+        SPh, SPv = Sh[:0], Sv[:0]
+    _reverse_phase(kt, True, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_mode,
+                   Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+    _reverse_phase(kt, True, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_mode,
+                   Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+    _reverse_phase(kt, False, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_mode,
+                   Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+    _reverse_phase(kt, False, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_mode,
+                   Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode,
+         geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
+    """``n_sweeps`` iterations; before iteration ``it`` the messages (and
+    powers) are kept in ``stack[push_slot[it]]`` when that is >= 0."""
+    n_fallback = 0
+    for it in range(n_sweeps):
+        if push_slot[it] >= 0:
+            stack[push_slot[it]] = M
+            if stack_pow.shape[0] > 0:
+                stack_pow[push_slot[it]] = P
+        n_fallback += grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode, geometry_h,
+                                 geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc,
+                                 cav1, q)
+    return n_fallback
+
+
+@njit(cache=True, nogil=True)
+def _forward_tables(T_h, T_v, H, W, tabs):
+    """``tabs[c, x_i, x_j]``, the forward-sweep tables of the slot kernels."""
+    n_h = H * (W - 1)
+    for c in range(tabs.shape[0]):
+        if c < n_h:
+            tabs[c] = T_h[c % (W - 1), :, :, c // (W - 1)]
+        else:
+            tabs[c] = T_v[(c - n_h) // W, :, :, (c - n_h) % W]
+
+
+class GridKernels:
+    """The grid tables of one forward pass and the calls of the line kernels."""
+
+    def __init__(self, height, width, label_token, unary, pairwise, rho, eu, rho_slot, rho_mode, slot_edge, slot_side,
+                 slot_of, ptr):
+        H, W = height, width
+        K = unary.shape[1]
+        dtype = unary.dtype
+        self.grid = Grid(H, W, slot_edge, slot_side, K)
+        self.kt, self.rho_mode, self.K, self.dtype = label_token, rho_mode, K, dtype
+        self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
+        node_planes = eu.reshape(H, W, K)
+        self.eu_h = np.ascontiguousarray(node_planes.transpose(1, 2, 0))  # [c, x, r]
+        self.eu_v = np.ascontiguousarray(node_planes.transpose(0, 2, 1))  # [r, x, c]
+        self.T_h = np.empty((W - 1, K, K, H), dtype)
+        self.T_v = np.empty((H - 1, K, K, W), dtype)
+        self.RS_h = np.empty((W - 1, 2, K, H), dtype)
+        self.RS_v = np.empty((H - 1, 2, K, W), dtype)
+        build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v, self.RS_h, self.RS_v)
+        rho_planes = Grid(H, W, slot_edge, slot_side, 1).to_grid(rho_slot[:, None].astype(dtype))
+        rho_h, rho_v = _views(rho_planes, H, W, 1)
+        self.rho_h, self.rho_v = rho_h[:, :, 0], rho_v[:, :, 0]
+        lanes = max(H, W)
+        self.scratch = np.empty((2 * K + 2, lanes), dtype)
+        self.adjoint_scratch = np.empty((2 * K + 1, lanes))
+        self.held = np.empty(K * H * W)
+        self.bad = np.empty(lanes, np.int64)
+        self.loc = np.empty((4, K), dtype)
+        self.cav1 = np.empty(K, dtype)
+        self.q = np.empty((K, K), dtype)
+
+    def run(self, M, P, I, n_sweeps, push_slot=None, stack=None, stack_pow=None):
+        """``n_sweeps`` iterations on the flat planes; returns the fallback count."""
+        g = self.grid
+        if push_slot is None:
+            push_slot = np.full(n_sweeps, -1, np.int64)
+        empty = np.empty((0, 0), self.dtype)
+        return _run(
+            self.kt, n_sweeps, push_slot, empty if stack is None else stack, empty if stack_pow is None else stack_pow,
+            g.height, g.width, M, P, I, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
+            self.rho_mode, g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary,
+            self.pairwise, g.slot_pos, self.scratch, self.bad, self.loc, self.cav1, self.q,
+        )
+
+    def reverse(self, restore, M, P, I, snapshot, snapshot_pow, Madj, GP_h, GP_v, g_u):
+        """One reverse iteration (step 8 for every update), restoring the
+        messages from ``snapshot`` with ``restore``."""
+        g = self.grid
+        grid_reverse_sweep(
+            self.kt, g.height, g.width, restore, M, P, I, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
+            self.T_v, self.RS_h, self.RS_v, self.rho_h, self.rho_v, self.rho_mode, Madj, GP_h, GP_v, g_u,
+            g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
+            self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,
+        )
+
+    def forward_tables(self):
+        E = self.pairwise.shape[0]
+        tabs = np.empty((E, self.K, self.K), self.dtype)
+        _forward_tables(self.T_h, self.T_v, self.grid.height, self.grid.width, tabs)
+        return tabs
+
+    def split_pairwise(self, g_p):
+        """(E, K*K) edge layout -> the families' ``[a, x_i K + x_j, l]`` planes."""
+        H, W, KK = self.grid.height, self.grid.width, self.K * self.K
+        n_h = H * (W - 1)
+        GP_h = np.ascontiguousarray(g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0))
+        GP_v = np.ascontiguousarray(g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1))
+        return GP_h, GP_v
+
+    def join_pairwise(self, GP_h, GP_v, g_p):
+        H, W, KK = self.grid.height, self.grid.width, self.K * self.K
+        n_h = H * (W - 1)
+        g_p[:n_h] = GP_h.transpose(2, 0, 1).reshape(-1, KK)
+        g_p[n_h:] = GP_v.transpose(0, 2, 1).reshape(-1, KK)
