@@ -16,17 +16,19 @@ compute (the same operations in the same order), so forward and reverse
 sweeps give bitwise the same results.
 
 Layout. The messages into pixel ``(r, c)`` from its left, right, upper and
-lower neighbours sit in four planes ``L, R, U, D``, each ``(K, ...)`` with the
-label outermost. The horizontal planes are stored column by column
-(``[x, c, r]``), the vertical ones row by row (``[x, r, c]``): a phase reads
-its own family's planes, tables and adjoints contiguously along its lines,
-and the other family's with a stride. A phase sees its family through
-``(a, l)`` coordinates, ``a`` along the sweep and ``l`` along the line: own
-planes ``[2, K, a, l]`` (``_BEFORE``: from the neighbour at ``a - 1``,
-``_AFTER``: from ``a + 1``), the other family's ``[2, K, l, a]``. At the image
-border the absent neighbour's message is 1, and so are its power and
-inverse: a product then skips it exactly, and ``rho log 1 = 0`` in the log
-domain. One flat buffer holds the four planes (horizontal, then vertical).
+lower neighbours form four planes ``L, R, U, D``. A family's data are stored
+line by line, every line contiguous: the horizontal planes as ``[c, p, x, r]``
+(``p`` = L or R, ``x`` the label), the vertical ones as ``[r, p, x, c]``; so
+are the tables, the adjoints and the pairwise gradients (``[a, x_i K + x_j,
+l]``). A phase sees its family through ``(a, l)`` coordinates, ``a`` along the
+sweep and ``l`` along the line: own planes ``[a, p, x, l]`` (``_BEFORE``: from
+the neighbour at ``a - 1``, ``_AFTER``: from ``a + 1``), read contiguously
+along the line, and the other family's ``[l, p, x, a]``, read with a stride
+(the other family's adjoints are updated after the phase, in their own
+order). At the image border the absent neighbour's message is 1, and so are
+its power and inverse: a product then skips it exactly, and ``rho log 1 = 0``
+in the log domain. One flat buffer holds the four planes (horizontal, then
+vertical).
 
 Marginals, steps 6 and 7 of back TRW and the rare log-domain recomputations
 are :mod:`sklearn_margcrf.trw`'s, on its slot layout; ``Grid`` converts.
@@ -116,7 +118,7 @@ def _label_stride(pos, H, W, K):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _slot_positions(H, W, K, slot_edge, slot_side):
-    """Flat position of label 0 of each slot's message (label ``x``: ``x H W`` further)."""
+    """Flat position of label 0 of each slot's message (label ``x``: ``x`` line lengths further)."""
     n_h = H * (W - 1)
     pos = np.empty(slot_edge.shape[0], np.int64)
     for k in range(slot_edge.shape[0]):
