@@ -144,7 +144,7 @@ array: the tables stay in schedule order); with more labels an update does
 enough work for the processor to overlap consecutive ones by itself.
 
 On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
-iterations can run on the line kernels of :mod:`sklearn_margcrf._trw_grid`
+iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
 (the image's lines of independent updates as vector loops, messages in
 per-direction planes): bitwise the same values, chosen where they measured
 faster (``_use_grid_kernels``: float32 with K = 2, 1.6x for forward +
@@ -234,7 +234,7 @@ _INTERLEAVE_WIDTH = 2
 
 def _use_grid_kernels(n_states, dtype):
     """Whether a fixed number of iterations on an image grid runs the line
-    kernels of :mod:`sklearn_margcrf._trw_grid` by default (same values).
+    kernels of ``sklearn_margcrf._trw_grid`` by default (same values).
     Measured (200 x 300, 20 iterations, forward + backward, one thread):
     float32 K = 2 0.163 s against 0.253 s with the slot kernels; float64
     K = 2 0.265 against 0.260, K = 8 1.66 against 1.59, float32 K = 8 1.065
@@ -1148,7 +1148,7 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     ``interleave`` runs the sweeps in interleaved order (default: for K = 2
     only, where it measured faster), ``grid`` runs a fixed number of
     iterations on the edges of ``grid_edges`` with the line kernels of
-    :mod:`sklearn_margcrf._trw_grid` (default: where they measured faster,
+    ``sklearn_margcrf._trw_grid`` (default: where they measured faster,
     see ``_use_grid_kernels``). Every variant computes the same values."""
     dtype = model_dtype(unary, pairwise)
     unary = _writable(unary, dtype)
