@@ -147,7 +147,7 @@ On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
 iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
 (the image's lines of independent updates as vector loops, messages in
 per-direction planes): bitwise the same values, chosen where they measured
-faster (``_use_grid_kernels``: float32 with K = 2, 1.6x for forward +
+faster (``_use_grid_kernels``: float32 with K = 2, 1.3-1.6x for forward +
 backward on 200 x 300).
 
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
@@ -236,9 +236,10 @@ def _use_grid_kernels(n_states, dtype):
     """Whether a fixed number of iterations on an image grid runs the line
     kernels of ``sklearn_margcrf._trw_grid`` by default (same values).
     Measured (200 x 300, 20 iterations, forward + backward, one thread):
-    float32 K = 2 0.163 s against 0.253 s with the slot kernels; float64
-    K = 2 0.265 against 0.260, K = 8 1.66 against 1.59, float32 K = 8 1.065
-    against 1.064 (the setup and the forward pass at K = 8 are slower there)."""
+    float32 K = 2 0.156-0.19 s against 0.25 s with the slot kernels (whole
+    processes of 10 gradients: 1.30x); float64 K = 2 0.265 against 0.260,
+    K = 8 1.66 against 1.59, float32 K = 8 1.065 against 1.064 (the setup
+    and the forward pass at K = 8 are slower there)."""
     return n_states == 2 and np.dtype(dtype) == np.float32
 
 
