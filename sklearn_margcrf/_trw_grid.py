@@ -225,7 +225,7 @@ def _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, rho_
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode):
-    """The new messages of a line, ``out / total`` (``rho_mode``: a constant)."""
+    """The new messages of a line, ``out / total``."""
     for x in range(K):
         for l in range(Lw):
             m, im, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
@@ -236,7 +236,7 @@ def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_mode, geometry, slot_of, ptr,
+def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
            rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One phase of a TRW iteration (Eq. TRW-msgs), line after line; returns
     the number of log-domain fallbacks. The forward sweep (``backward`` False)
@@ -244,6 +244,7 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_m
     backward sweep the ``_AFTER`` plane at ``a`` from the sender at ``a + 1``."""
     K = len(kt) if len(kt) > 0 else Mo.shape[2]
     floor, tiny, huge, _, _, _, one = _limits_of(eu_o)
+    rho_mode = len(rho_token)  # a constant (see GridKernels.rho_token)
     A = Mo.shape[0]
     Lw = Mo.shape[3]
     H = geometry[5]
@@ -279,12 +280,7 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_m
         for l in range(Lw):
             inv[l] = one / total[l]
         # one loop per rho class, each free of branches
-        if rho_mode == _RHO_HALF:
-            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_HALF)
-        elif rho_mode == _RHO_ONE:
-            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_ONE)
-        else:
-            _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, _RHO_GENERAL)
+        _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode)
         for b in range(n_bad):  # these lanes again, in the log domain
             l = bad[b]
             n_fallback += 1
@@ -307,7 +303,7 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_m
 def _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, rho_mode):
     """Step (e) for a line, the own family's planes: ``rho_d h / m_d`` into
     the adjoints of the messages into the senders, then ``-h / m_c`` into the
-    reverse ones (``rho_mode``: a constant)."""
+    reverse ones."""
     for p in range(2):
         for x in range(K):
             for l in range(Lw):
@@ -347,7 +343,7 @@ def _plane_rho(rho_mode, RHO, p, i, j, half, one):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
-                   RHOo, RHOx, rho_mode, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
+                   RHOo, RHOx, rho_token, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
                    scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
     reverse order of :func:`_phase` (see ``trw._reverse_sweep``, whose steps
@@ -357,6 +353,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
     ``snap_o`` (``snap_pow_o``)."""
     K = len(kt) if len(kt) > 0 else Mo.shape[2]
     _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu_o)
+    rho_mode = len(rho_token)
     keep_pow = snap_pow_o.shape[0] > 0
     A = Mo.shape[0]
     Lw = Mo.shape[3]
@@ -434,12 +431,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
         for x in range(K):
             for l in range(Lw):
                 held[l, x, snd] = h[x, l]
-        if rho_mode == _RHO_HALF:
-            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_HALF)
-        elif rho_mode == _RHO_ONE:
-            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_ONE)
-        else:
-            _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, _RHO_GENERAL)
+        _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, rho_mode)
         # (f) restore m_ci; (g) its adjoint is spent
         if restore:
             for x in range(K):
@@ -455,12 +447,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
     senders = range(1, A) if backward else range(0, A - 1)
-    if rho_mode == _RHO_HALF:
-        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_HALF)
-    elif rho_mode == _RHO_ONE:
-        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_ONE)
-    else:
-        _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, _RHO_GENERAL)
+    _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, rho_mode)
     if not own_first:  # horizontal family: theta_u in node order, (r, c, x)
         for l in range(Lw):
             for a in senders:
@@ -469,7 +456,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode, geometry_h, geometry_v, slot_of, ptr,
+def grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h, geometry_v, slot_of, ptr,
                rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One TRW iteration on the flat plane buffers ``M``, ``P``, ``I``
     (messages, powers, inverses); returns the number of log-domain fallbacks."""
@@ -477,20 +464,20 @@ def grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode, 
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
     Ih, Iv = _views(I, H, W, K)
-    n = _phase(kt, False, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_mode, geometry_h, slot_of, ptr, rho_slot,
+    n = _phase(kt, False, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, False, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_mode, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, False, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_mode, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_mode, geometry_h, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
     return n
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def grid_reverse_sweep(kt, H, W, restore, M, P, I, snap, snap_pow, eu_h, eu_v, T_h, T_v, RS_h, RS_v, rho_h, rho_v,
-                       rho_mode, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
+                       rho_token, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
                        slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
     reverse, restoring the messages from the snapshot ``snap`` (flat planes)
@@ -505,22 +492,22 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, I, snap, snap_pow, eu_h, eu_v, T
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_mode,
+    _reverse_phase(kt, True, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, True, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_mode,
+    _reverse_phase(kt, True, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_mode,
+    _reverse_phase(kt, False, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_mode,
+    _reverse_phase(kt, False, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode,
+def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
          geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """``n_sweeps`` iterations; before iteration ``it`` the messages (and
     powers) are kept in ``stack[push_slot[it]]`` when that is >= 0."""
@@ -530,7 +517,7 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T
             stack[push_slot[it]] = M
             if stack_pow.shape[0] > 0:
                 stack_pow[push_slot[it]] = P
-        n_fallback += grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_mode, geometry_h,
+        n_fallback += grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
                                  geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc,
                                  cav1, q)
     return n_fallback
@@ -556,7 +543,10 @@ class GridKernels:
         K = unary.shape[1]
         dtype = unary.dtype
         self.grid = Grid(H, W, slot_edge, slot_side, K)
-        self.kt, self.rho_mode, self.K, self.dtype = label_token, rho_mode, K, dtype
+        self.kt, self.K, self.dtype = label_token, K, dtype
+        # the rho class as the length of a tuple, like the label token: a
+        # compile-time constant, so each class gets branch-free loops
+        self.rho_token = (0,) * rho_mode
         self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
         node_planes = eu.reshape(H, W, K)
         self.eu_h = np.ascontiguousarray(node_planes.transpose(1, 2, 0))  # [c, x, r]
@@ -587,7 +577,7 @@ class GridKernels:
         return _run(
             self.kt, n_sweeps, push_slot, empty if stack is None else stack, empty if stack_pow is None else stack_pow,
             g.height, g.width, M, P, I, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
-            self.rho_mode, g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary,
+            self.rho_token, g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary,
             self.pairwise, g.slot_pos, self.scratch, self.bad, self.loc, self.cav1, self.q,
         )
 
@@ -597,7 +587,7 @@ class GridKernels:
         g = self.grid
         grid_reverse_sweep(
             self.kt, g.height, g.width, restore, M, P, I, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
-            self.T_v, self.RS_h, self.RS_v, self.rho_h, self.rho_v, self.rho_mode, Madj, GP_h, GP_v, g_u,
+            self.T_v, self.RS_h, self.RS_v, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
             g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
             self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,
         )
