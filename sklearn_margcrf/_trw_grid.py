@@ -87,13 +87,9 @@ class Grid:
     def size(self):
         return 4 * self.height * self.width * self.n_states
 
-    def views(self, flat):
-        """The horizontal ``[2, K, W, H]`` and vertical ``[2, K, H, W]`` planes of a flat buffer."""
-        return _views(flat, self.height, self.width, self.n_states)
-
-    def to_grid(self, slot_array, fill=1.0, dtype=None):
+    def to_grid(self, slot_array, fill=1.0):
         """(2E, K) slot layout -> flat planes; absent neighbours get ``fill``."""
-        flat = np.full(self.size, fill, dtype=slot_array.dtype if dtype is None else dtype)
+        flat = np.full(self.size, fill, dtype=slot_array.dtype)
         _copy_slots(slot_array, self.slot_pos, self.height, self.width, flat, True)
         return flat
 
