@@ -552,9 +552,12 @@ class GridKernels:
         self.RS_h = np.empty((W - 1, 2, K, H), dtype)
         self.RS_v = np.empty((H - 1, 2, K, W), dtype)
         build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v, self.RS_h, self.RS_v)
-        rho_planes = Grid(H, W, slot_edge, slot_side, 1).to_grid(rho_slot[:, None].astype(dtype))
-        rho_h, rho_v = _views(rho_planes, H, W, 1)
-        self.rho_h, self.rho_v = rho_h[:, :, 0], rho_v[:, :, 0]
+        # the rho of each message, [c, p, r] and [r, p, c] (absent neighbours: 1)
+        n_h = H * (W - 1)
+        self.rho_h = np.ones((W, 2, H), dtype)
+        self.rho_h[1:, _BEFORE] = self.rho_h[:-1, _AFTER] = rho[:n_h].reshape(H, W - 1).T
+        self.rho_v = np.ones((H, 2, W), dtype)
+        self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
         lanes = max(H, W)
         self.scratch = np.empty((2 * K + 2, lanes), dtype)
         self.adjoint_scratch = np.empty((2 * K + 1, lanes))

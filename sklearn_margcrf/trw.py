@@ -772,26 +772,13 @@ def _trw_forward_kernel(
 
 
 @njit(cache=True, nogil=True)
-def _recompute_segment(
+def _recompute_segment_kernel(
     kt, first, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side,
-    rho_slot, stack, stack_pow,
+    rho_slot, stack, stack_pow, M, MP, IM,
 ):
-    """Checkpointed reverse mode: from the messages kept in ``stack[first]``,
-    rerun ``n_sweeps`` iterations exactly as the forward pass ran them,
-    keeping the messages each starts from in ``stack[first + 1 + j]``."""
+    """:func:`_recompute_segment` with the slot kernels, from ``M``, ``MP``,
+    ``IM`` (the messages of ``stack[first]``, updated in place)."""
     K = eu.shape[1]
-    one = _limits_of(eu)[6]
-    M = stack[first].copy()
-    IM = np.empty_like(M)
-    for k in range(M.shape[0]):
-        for x in range(K):
-            IM[k, x] = one / M[k, x]
-    if rho_mode == _RHO_ONE:
-        MP = M
-    elif rho_mode == _RHO_HALF:
-        MP = np.sqrt(M)
-    else:
-        MP = stack_pow[first].copy()
     cav = np.empty(K, eu.dtype)
     out = np.empty(K, eu.dtype)
     q = np.empty((K, K), eu.dtype)
@@ -981,12 +968,17 @@ def _rho_mode(rho):
 
 
 @njit(cache=True, nogil=True)
-def _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot):
-    """Fill the schedule: step ``st`` is (t, r, lo, hi, u) -- see above."""
-    E = edges.shape[0]
-    for k in range(2 * E):
+def _slot_map(rho, slot_edge, slot_side, slot_of, rho_slot):
+    """The slot of each (edge, side) and the rho of each slot."""
+    for k in range(slot_edge.shape[0]):
         slot_of[slot_edge[k], slot_side[k]] = k
         rho_slot[k] = rho[slot_edge[k]]
+
+
+@njit(cache=True, nogil=True)
+def _build_schedule(edges, rho, ptr, slot_of, sched, rho_sched):
+    """Fill the schedule: step ``st`` is (t, r, lo, hi, u) -- see above."""
+    E = edges.shape[0]
     for c in range(E):
         # forward sweep: step c, into edges[c, 1], sent by u = edges[c, 0]
         u = edges[c, 0]
@@ -1082,22 +1074,27 @@ def _interleave(sched, edges, slot_edge, slot_side, n, width, order):
         first = last
 
 
-def _schedule(n, edges, rho, interleave):
-    """Slot layout, the tabulated schedule (see the module docstring) and the
-    order of its execution (interleaved or canonical)."""
-    E = edges.shape[0]
+def _slots(n, edges, rho):
+    """The slot layout: ``ptr``, ``slot_edge``, ``slot_side``, ``slot_of``, ``rho_slot``."""
     inc = incidence(n, edges)
-    ptr, slot_edge, slot_side = inc.ptr, inc.edge, inc.side
-    slot_of = np.empty((E, 2), dtype=np.int64)
+    slot_of = np.empty((edges.shape[0], 2), dtype=np.int64)
+    rho_slot = np.empty(2 * edges.shape[0], rho.dtype)
+    _slot_map(rho, inc.edge, inc.side, slot_of, rho_slot)
+    return inc.ptr, inc.edge, inc.side, slot_of, rho_slot
+
+
+def _schedule(n, edges, rho, ptr, slot_edge, slot_side, slot_of, interleave):
+    """The tabulated schedule of the slot kernels (see the module docstring)
+    and the order of its execution (interleaved or canonical)."""
+    E = edges.shape[0]
     sched = np.empty((2 * E, 5), dtype=np.int32)
     rho_sched = np.empty(2 * E, rho.dtype)
-    rho_slot = np.empty(2 * E, rho.dtype)
-    _build_schedule(edges, rho, ptr, slot_edge, slot_side, slot_of, sched, rho_sched, rho_slot)
+    _build_schedule(edges, rho, ptr, slot_of, sched, rho_sched)
     # unsigned: numba then needs no wraparound of negative indices on st
     order = np.arange(2 * E, dtype=np.uint32)
     if interleave:
         _interleave(sched, edges, slot_edge, slot_side, n, _INTERLEAVE_WIDTH, order)
-    return ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot
+    return sched, order, rho_sched
 
 
 def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None,
@@ -1170,8 +1167,11 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
 
         shape = grid_shape(n, edges)
     if interleave is None:
-        interleave = K == 2 and shape is None
-    ptr, slot_edge, slot_side, slot_of, sched, order, rho_sched, rho_slot = _schedule(n, edges, rho, interleave)
+        interleave = K == 2
+    ptr, slot_edge, slot_side, slot_of, rho_slot = _slots(n, edges, rho)
+    sched = order = rho_sched = None  # the grid kernels need no slot schedule (_slot_tables builds it if asked)
+    if shape is None:
+        sched, order, rho_sched = _schedule(n, edges, rho, ptr, slot_edge, slot_side, slot_of, interleave)
     mode = _rho_mode(rho)
     kt = _label_token(K, specialise)
     eu = np.empty((n, K), dtype)
@@ -1309,24 +1309,75 @@ def _push_slots(n_iter, starts):
     return push_slot
 
 
+def _snapshot_messages(state, slot):
+    """Messages, powers and inverses from snapshot ``slot`` (slot layout or
+    planes), derived as the forward pass derived them, so that recomputed
+    iterations match bit for bit."""
+    M = state.stack_buffer[slot].copy()
+    IM = np.divide(1, M, dtype=M.dtype)
+    if state.rho_mode == _RHO_ONE:
+        MP = M
+    elif state.rho_mode == _RHO_HALF:
+        MP = np.sqrt(M)
+    else:
+        MP = state.snapshot_powers[slot].copy()
+    return M, MP, IM
+
+
 def _keep_checkpoints(state):
     """Rerun the forward iterations from the first snapshot (the initial
     messages, never overwritten), keeping the checkpoints in their slots."""
-    n, K = state.unary.shape
-    if state.grid_kernels is not None:
-        state.grid_kernels.run(*_grid_snapshot_planes(state, 0), state.n_iter, _push_slots(state.n_iter, state.segment_starts),
-                               state.stack_buffer, state.snapshot_powers)
-        return
-    M = state.stack_buffer[0].copy()
-    IM = np.divide(1, M, dtype=M.dtype)
-    MP = M if state.rho_mode == _RHO_ONE else np.sqrt(M) if state.rho_mode == _RHO_HALF else state.snapshot_powers[0].copy()
+    M, MP, IM = _snapshot_messages(state, 0)
     push_slot = _push_slots(state.n_iter, state.segment_starts)
+    if state.grid_kernels is not None:
+        state.grid_kernels.run(M, MP, IM, state.n_iter, push_slot, state.stack_buffer, state.snapshot_powers)
+        return
+    n, K = state.unary.shape
     _trw_forward_kernel(
         state.label_token, state.sched, state.order, state.tabs, state.eu, state.rho_sched, state.rho_mode, M, MP, IM,
         state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot, state.edges, state.ptr,
         state.slot_of, state.rho, state.n_iter, 0.0, state.n_iter, push_slot, state.stack_buffer,
         state.snapshot_powers, np.empty((n, K), M.dtype), np.empty((len(state.edges), K * K), M.dtype),
     )
+
+
+def _recompute_segment(state, first, n_sweeps):
+    """Checkpointed reverse mode: from the messages kept in snapshot
+    ``first``, rerun ``n_sweeps`` iterations exactly as the forward pass ran
+    them, keeping the messages each starts from in snapshot ``first + 1 + j``."""
+    M, MP, IM = _snapshot_messages(state, first)
+    push = np.arange(first, first + n_sweeps + 1)  # iteration j starts from snapshot first + j
+    push[0] = -1
+    if state.grid_kernels is not None:
+        state.grid_kernels.run(M, MP, IM, n_sweeps, push, state.stack_buffer, state.snapshot_powers)
+        if n_sweeps > 0:  # the last one
+            state.stack_buffer[first + n_sweeps] = M
+            if state.snapshot_powers.shape[0]:
+                state.snapshot_powers[first + n_sweeps] = MP
+        return
+    _recompute_segment_kernel(
+        state.label_token, first, n_sweeps, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
+        state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
+        state.stack_buffer, state.snapshot_powers, M, MP, IM,
+    )
+
+
+def _reverse_stack(state, reverse):
+    """Step 8 for every kept iteration, last to first: ``reverse(slots)``
+    reverses the iterations that start from those snapshots, in that order.
+    Checkpointed, segment by segment, each recomputed from its snapshot first."""
+    if not state.checkpointed:  # every iteration kept: one pass
+        reverse(np.arange(state.n_iter - 1, -1, -1))
+        return
+    if state.buffer_reused:  # an earlier backward wrote over snapshots 1..: keep them again
+        _keep_checkpoints(state)
+    state.buffer_reused = True
+    starts = state.segment_starts
+    ends = np.append(starts[1:], state.n_iter)
+    for k in range(len(starts) - 1, -1, -1):
+        length = int(ends[k] - starts[k])
+        _recompute_segment(state, k, length - 1)
+        reverse(np.arange(k + length - 1, k - 1, -1))
 
 
 def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated", tol=1e-10, max_iter=10000,
@@ -1406,22 +1457,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     if fixed_point:
         n_sweeps, residual = reverse(np.empty(0, np.int64), state.eu[:0, None], state.eu[:0, None], max_iter)
     elif state.n_iter > 0:
-        snapshots, powers, starts = state.stack_buffer, state.snapshot_powers, state.segment_starts
-        if not state.checkpointed:  # every iteration kept: one pass
-            reverse(np.arange(state.n_iter - 1, -1, -1), snapshots, powers)
-        else:  # checkpointed: segments last to first, each recomputed, then reversed
-            if state.buffer_reused:  # an earlier backward wrote over snapshots 1..: keep them again
-                _keep_checkpoints(state)
-            state.buffer_reused = True
-            ends = np.append(starts[1:], state.n_iter)
-            for k in range(len(starts) - 1, -1, -1):
-                length = int(ends[k] - starts[k])
-                _recompute_segment(
-                    kt, k, length - 1, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
-                    state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
-                    snapshots, powers,
-                )
-                reverse(np.arange(k + length - 1, k - 1, -1), snapshots, powers)
+        _reverse_stack(state, lambda slots: reverse(slots, state.stack_buffer, state.snapshot_powers))
     if fixed_point and max_iter > 0 and E > 0 and not residual < tol:
         if on_divergence == "raise":
             raise BackpropDivergenceError(
@@ -1438,9 +1474,13 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
 
 
 def _slot_tables(state):
-    """Give a state of the grid kernels the tables of the slot kernels."""
+    """Give a state of the grid kernels the schedule and tables of the slot kernels."""
     if state.tabs is None:
         E, K = state.pairwise.shape[:2]
+        state.sched, state.order, state.rho_sched = _schedule(
+            len(state.unary), state.edges, state.rho, state.ptr, state.slot_edge, state.slot_side, state.slot_of,
+            K == 2,
+        )
         state.tabs = np.empty((2 * E, K, K), state.unary.dtype)
         state.rsum = np.empty((2 * E, K), state.unary.dtype)
         _build_tables(state.unary, state.pairwise, state.rho, np.empty_like(state.eu), state.tabs, state.rsum)
@@ -1468,49 +1508,15 @@ def _grid_backward(state, gmu_u, gmu_p):
     M = state.grid_planes[0].copy()
     P = M if state.rho_mode == _RHO_ONE else state.grid_planes[1].copy()
     I = state.grid_planes[2].copy()
-    snapshots, powers, starts = state.stack_buffer, state.snapshot_powers, state.segment_starts
+    snapshots, powers = state.stack_buffer, state.snapshot_powers
+    no_powers = np.empty(0, M.dtype)
 
     def reverse(slots):
         for slot in slots:
-            kernels.reverse(True, M, P, I, snapshots[slot], powers[slot] if powers.shape[0] else np.empty(0, M.dtype),
-                            Madj, GP_h, GP_v, g_u)
+            kernels.reverse(True, M, P, I, snapshots[slot], powers[slot] if powers.shape[0] else no_powers, Madj,
+                            GP_h, GP_v, g_u)
 
-    if not state.checkpointed:
-        reverse(range(state.n_iter - 1, -1, -1))
-    else:
-        if state.buffer_reused:
-            _keep_checkpoints(state)
-        state.buffer_reused = True
-        ends = np.append(starts[1:], state.n_iter)
-        for k in range(len(starts) - 1, -1, -1):
-            length = int(ends[k] - starts[k])
-            _grid_recompute_segment(state, k, length - 1)
-            reverse(range(k + length - 1, k - 1, -1))
+    _reverse_stack(state, reverse)
     kernels.join_pairwise(GP_h, GP_v, g_p)
     g_p /= state.rho[:, None]
     return g_u, g_p.reshape(E, K, K)
-
-
-def _grid_snapshot_planes(state, slot):
-    """Messages, powers and inverses from snapshot ``slot``, as the forward pass had them."""
-    M = state.stack_buffer[slot].copy()
-    I = np.divide(1, M, dtype=M.dtype)
-    if state.rho_mode == _RHO_ONE:
-        P = M
-    elif state.rho_mode == _RHO_HALF:
-        P = np.sqrt(M)
-    else:
-        P = state.snapshot_powers[slot].copy()
-    return M, P, I
-
-
-def _grid_recompute_segment(state, first, n_sweeps):
-    """:func:`_recompute_segment` on the planes."""
-    planes = _grid_snapshot_planes(state, first)
-    push = np.arange(first, first + n_sweeps + 1)  # iteration j starts from snapshot first + j
-    push[0] = -1
-    state.grid_kernels.run(*planes, n_sweeps, push, state.stack_buffer, state.snapshot_powers)
-    if n_sweeps > 0:
-        state.stack_buffer[first + n_sweeps] = planes[0]
-        if state.snapshot_powers.shape[0]:
-            state.snapshot_powers[first + n_sweeps] = planes[1]
