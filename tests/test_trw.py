@@ -513,7 +513,9 @@ def conflict(sched, slot_edge, a, b):
 @pytest.mark.parametrize("graph", sorted(INTERLEAVE_GRAPHS))
 def test_interleaved_order_keeps_every_conflicting_pair_in_order(graph, width):
     n, edges = interleave_graph(graph)
-    _, slot_edge, slot_side, _, sched, canonical, _, _ = trw._schedule(n, edges, np.full(len(edges), 0.5), False)
+    rho = np.full(len(edges), 0.5)
+    ptr, slot_edge, slot_side, slot_of, _ = trw._slots(n, edges, rho)
+    sched, canonical, _ = trw._schedule(n, edges, rho, ptr, slot_edge, slot_side, slot_of, False)
     np.testing.assert_array_equal(canonical, np.arange(len(sched)))
     order = np.empty_like(canonical)
     trw._interleave(sched, edges, slot_edge, slot_side, n, width, order)
