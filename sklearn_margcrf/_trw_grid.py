@@ -25,10 +25,12 @@ sweep and ``l`` along the line: own planes ``[a, p, x, l]`` (``_BEFORE``: from
 the neighbour at ``a - 1``, ``_AFTER``: from ``a + 1``), read contiguously
 along the line, and the other family's ``[l, p, x, a]``, read with a stride
 (the other family's adjoints are updated after the phase, in their own
-order). At the image border the absent neighbour's message is 1, and so are
-its power and inverse: a product then skips it exactly, and ``rho log 1 = 0``
-in the log domain. One flat buffer holds the four planes (horizontal, then
-vertical).
+order). At the image border the absent neighbour's message is 1, and so is
+its power: a product then skips it exactly, and ``rho log 1 = 0`` in the log
+domain. The inverses of the messages, which the slot kernels keep, are
+computed where they are read (``1 / m``, the same rounding), which spares
+their planes' memory and traffic. One flat buffer holds the four planes
+(horizontal, then vertical).
 
 Marginals, steps 6 and 7 of back TRW and the rare log-domain recomputations
 are :mod:`sklearn_margcrf.trw`'s, on its slot layout; ``Grid`` converts.
@@ -187,13 +189,13 @@ def build_grid_tables(pairwise, rho, H, W, T_h, T_v, RS_h, RS_v):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav):
+def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one):
     """Step (a): the cavity of every sender of the line, in the product order
     of the slot kernels (slots of the sender backwards: D, U, R, L)."""
-    Lw = Io.shape[3]
+    Lw = Mo.shape[3]
     for x in range(K):
         for l in range(Lw):
-            v = eu_o[snd, x, l] * Io[snd, pr, x, l]
+            v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
             if own_first:  # vertical family: own planes are U, D
                 v = v * Po[snd, _AFTER, x, l] * Po[snd, _BEFORE, x, l] * Px[l, _AFTER, x, snd] * Px[l, _BEFORE, x, snd]
             else:
@@ -220,19 +222,18 @@ def _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, rho_
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode):
+def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode):
     """The new messages of a line, ``out / total``."""
     for x in range(K):
         for l in range(Lw):
-            m, im, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
+            m, _, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
             Mo[rcv, pt, x, l] = m
-            Io[rcv, pt, x, l] = im
             if rho_mode != _RHO_ONE:  # _RHO_ONE: Po is Mo
                 Po[rcv, pt, x, l] = p
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
+def _phase(kt, backward, own_first, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
            rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One phase of a TRW iteration (Eq. TRW-msgs), line after line; returns
     the number of log-domain fallbacks. The forward sweep (``backward`` False)
@@ -256,7 +257,7 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_t
         a = A - 2 - step if backward else step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one)
         for xv in range(K):
             for l in range(Lw):
                 out[xv, l] = cav[0, l] * (T[a, xv, 0, l] if backward else T[a, 0, xv, l])
@@ -276,7 +277,7 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_t
         for l in range(Lw):
             inv[l] = one / total[l]
         # one loop per rho class, each free of branches
-        _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, Io, floor, one, rho_mode)
+        _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode)
         for b in range(n_bad):  # these lanes again, in the log domain
             l = bad[b]
             n_fallback += 1
@@ -287,33 +288,32 @@ def _phase(kt, backward, own_first, Mo, Po, Io, Px, flat_M, eu_o, T, RHOo, rho_t
                 m = q[0, xv]
                 for xu in range(1, K):
                     m += q[xu, xv]
-                m, im, p = _message_entry(m, rho_mode, rho_c, floor, one)
+                m, _, p = _message_entry(m, rho_mode, rho_c, floor, one)
                 Mo[rcv, pt, xv, l] = m
-                Io[rcv, pt, xv, l] = im
                 if rho_mode != _RHO_ONE:
                     Po[rcv, pt, xv, l] = p
     return n_fallback
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, rho_mode):
+def _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, inv_floor, zero, half, one, rho_mode):
     """Step (e) for a line, the own family's planes: ``rho_d h / m_d`` into
     the adjoints of the messages into the senders, then ``-h / m_c`` into the
     reverse ones."""
     for p in range(2):
         for x in range(K):
             for l in range(Lw):
-                ik = Io[snd, p, x, l]
+                ik = one / Mo[snd, p, x, l]
                 rk = _plane_rho(rho_mode, RHOo, p, snd, l, half, one)
                 Ao[snd, p, x, l] += _live(rk * h[x, l] * ik, ik, inv_floor, zero)
     for x in range(K):
         for l in range(Lw):
-            ir = Io[snd, pr, x, l]
+            ir = one / Mo[snd, pr, x, l]
             Ao[snd, pr, x, l] -= _live(h[x, l] * ir, ir, inv_floor, zero)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, rho_mode):
+def _other_adjoints(K, senders, held, Mx, RHOx, Ax, inv_floor, zero, half, one, rho_mode):
     """Step (e) for a whole phase, the other family's planes, from the kept
     ``held[l, x, a] = h`` of every sender: each of these adjoints receives
     one term per phase and none is read within it, so they can wait for the
@@ -322,7 +322,7 @@ def _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, 
         for p in range(2):
             for x in range(K):
                 for a in senders:
-                    ik = Ix[l, p, x, a]
+                    ik = one / Mx[l, p, x, a]
                     rk = _plane_rho(rho_mode, RHOx, p, l, a, half, one)
                     Ax[l, p, x, a] += _live(rk * held[l, x, a] * ik, ik, inv_floor, zero)
 
@@ -338,7 +338,7 @@ def _plane_rho(rho_mode, RHO, p, i, j, half, one):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
+def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
                    RHOo, RHOx, rho_token, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
                    scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
@@ -379,7 +379,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
             for l in range(Lw):
                 rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
         # (a) s = tab * A(x_u), and its sum Z
-        _cavity_line(K, own_first, pr, snd, eu_o, Io, Po, Px, cav)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one)
         for l in range(Lw):
             z[l] = cav[0, l] * RS[a, d, 0, l]
         for x in range(1, K):
@@ -427,14 +427,13 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
         for x in range(K):
             for l in range(Lw):
                 held[l, x, snd] = h[x, l]
-        _sender_adjoints(K, Lw, snd, pr, h, Io, RHOo, Ao, inv_floor, zero, half, one, rho_mode)
+        _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, inv_floor, zero, half, one, rho_mode)
         # (f) restore m_ci; (g) its adjoint is spent
         if restore:
             for x in range(K):
                 for l in range(Lw):
                     m = snap_o[rcv, pt, x, l]
                     Mo[rcv, pt, x, l] = m
-                    Io[rcv, pt, x, l] = one / m
                     if rho_mode == _RHO_HALF:
                         Po[rcv, pt, x, l] = math.sqrt(m)
                     elif keep_pow:
@@ -443,7 +442,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
     senders = range(1, A) if backward else range(0, A - 1)
-    _other_adjoints(K, senders, held, Ix, RHOx, Ax, inv_floor, zero, half, one, rho_mode)
+    _other_adjoints(K, senders, held, Mx, RHOx, Ax, inv_floor, zero, half, one, rho_mode)
     if not own_first:  # horizontal family: theta_u in node order, (r, c, x)
         for l in range(Lw):
             for a in senders:
@@ -452,27 +451,26 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Io, Px, Ix, flat_M,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h, geometry_v, slot_of, ptr,
+def grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h, geometry_v, slot_of, ptr,
                rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
-    """One TRW iteration on the flat plane buffers ``M``, ``P``, ``I``
-    (messages, powers, inverses); returns the number of log-domain fallbacks."""
+    """One TRW iteration on the flat plane buffers ``M``, ``P`` (messages,
+    powers); returns the number of log-domain fallbacks."""
     K = eu_h.shape[1]
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
-    Ih, Iv = _views(I, H, W, K)
-    n = _phase(kt, False, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    n = _phase(kt, False, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, False, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, False, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, True, Mv, Pv, Iv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, False, Mh, Ph, Ih, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
     return n
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_reverse_sweep(kt, H, W, restore, M, P, I, snap, snap_pow, eu_h, eu_v, T_h, T_v, RS_h, RS_v, rho_h, rho_v,
+def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, RS_h, RS_v, rho_h, rho_v,
                        rho_token, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
                        slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
@@ -481,29 +479,28 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, I, snap, snap_pow, eu_h, eu_v, T
     K = eu_h.shape[1]
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
-    Ih, Iv = _views(I, H, W, K)
     Ah, Av = _views(Madj, H, W, K)
     Sh, Sv = _views(snap, H, W, K)
     if snap_pow.shape[0] > 0:
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, True, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, True, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, True, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, True, restore, Mv, Pv, Iv, Ph, Ih, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, False, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, False, restore, Mh, Ph, Ih, Pv, Iv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, False, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
+def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
          geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """``n_sweeps`` iterations; before iteration ``it`` the messages (and
     powers) are kept in ``stack[push_slot[it]]`` when that is >= 0."""
@@ -513,7 +510,7 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, I, eu_h, eu_v, T
             stack[push_slot[it]] = M
             if stack_pow.shape[0] > 0:
                 stack_pow[push_slot[it]] = P
-        n_fallback += grid_sweep(kt, H, W, M, P, I, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
+        n_fallback += grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
                                  geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc,
                                  cav1, q)
     return n_fallback
@@ -567,7 +564,7 @@ class GridKernels:
         self.cav1 = np.empty(K, dtype)
         self.q = np.empty((K, K), dtype)
 
-    def run(self, M, P, I, n_sweeps, push_slot=None, stack=None, stack_pow=None):
+    def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):
         """``n_sweeps`` iterations on the flat planes; returns the fallback count."""
         g = self.grid
         if push_slot is None:
@@ -575,17 +572,17 @@ class GridKernels:
         empty = np.empty((0, 0), self.dtype)
         return _run(
             self.kt, n_sweeps, push_slot, empty if stack is None else stack, empty if stack_pow is None else stack_pow,
-            g.height, g.width, M, P, I, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
+            g.height, g.width, M, P, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
             self.rho_token, g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary,
             self.pairwise, g.slot_pos, self.scratch, self.bad, self.loc, self.cav1, self.q,
         )
 
-    def reverse(self, restore, M, P, I, snapshot, snapshot_pow, Madj, GP_h, GP_v, g_u):
+    def reverse(self, restore, M, P, snapshot, snapshot_pow, Madj, GP_h, GP_v, g_u):
         """One reverse iteration (step 8 for every update), restoring the
         messages from ``snapshot`` with ``restore``."""
         g = self.grid
         grid_reverse_sweep(
-            self.kt, g.height, g.width, restore, M, P, I, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
+            self.kt, g.height, g.width, restore, M, P, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
             self.T_v, self.RS_h, self.RS_v, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
             g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
             self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,

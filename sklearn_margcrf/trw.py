@@ -1263,11 +1263,11 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     )
 
 
-def _grid_planes(grid_kernels, M, MP, IM):
-    """The slot-layout messages, powers and inverses as flat planes (absent neighbours: 1)."""
+def _grid_planes(grid_kernels, M, MP):
+    """The slot-layout messages and powers as flat planes (absent neighbours: 1)."""
     to_grid = grid_kernels.grid.to_grid
     flat_M = to_grid(M)
-    return flat_M, flat_M if MP is M else to_grid(MP), to_grid(IM)
+    return flat_M, flat_M if MP is M else to_grid(MP)
 
 
 def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, IM, tol, kt, unary, edges, ptr,
@@ -1276,10 +1276,10 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     ``_trw_forward_kernel`` runs them for a fixed number of iterations
     (marginals before the last iteration for ``converged``). ``M``, ``MP``,
     ``IM`` (slot layout) hold the start and receive the final messages.
-    Returns the planes ``(M, P, I)``, the iterations, whether converged and
+    Returns the planes ``(M, P)``, the iterations, whether converged and
     the number of fallbacks."""
     grid = grid_kernels.grid
-    planes = _grid_planes(grid_kernels, M, MP, IM)
+    planes = _grid_planes(grid_kernels, M, MP)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
     n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
 
@@ -1293,7 +1293,7 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
     n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
     to_slots()
-    IM[...] = grid.to_slots(planes[2])
+    np.divide(1, M, out=IM)  # as the kernels invert
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)
     converged = _max_abs_diff(mu_u, prev) < tol
     n_fallback += _pairwise_marginals(edges, ptr, slot_of, grid_kernels.forward_tables(), eu, unary,
@@ -1330,7 +1330,7 @@ def _keep_checkpoints(state):
     M, MP, IM = _snapshot_messages(state, 0)
     push_slot = _push_slots(state.n_iter, state.segment_starts)
     if state.grid_kernels is not None:
-        state.grid_kernels.run(M, MP, IM, state.n_iter, push_slot, state.stack_buffer, state.snapshot_powers)
+        state.grid_kernels.run(M, MP, state.n_iter, push_slot, state.stack_buffer, state.snapshot_powers)
         return
     n, K = state.unary.shape
     _trw_forward_kernel(
@@ -1349,7 +1349,7 @@ def _recompute_segment(state, first, n_sweeps):
     push = np.arange(first, first + n_sweeps + 1)  # iteration j starts from snapshot first + j
     push[0] = -1
     if state.grid_kernels is not None:
-        state.grid_kernels.run(M, MP, IM, n_sweeps, push, state.stack_buffer, state.snapshot_powers)
+        state.grid_kernels.run(M, MP, n_sweeps, push, state.stack_buffer, state.snapshot_powers)
         if n_sweeps > 0:  # the last one
             state.stack_buffer[first + n_sweeps] = M
             if state.snapshot_powers.shape[0]:
@@ -1507,13 +1507,12 @@ def _grid_backward(state, gmu_u, gmu_p):
     GP_h, GP_v = kernels.split_pairwise(g_p)
     M = state.grid_planes[0].copy()
     P = M if state.rho_mode == _RHO_ONE else state.grid_planes[1].copy()
-    I = state.grid_planes[2].copy()
     snapshots, powers = state.stack_buffer, state.snapshot_powers
     no_powers = np.empty(0, M.dtype)
 
     def reverse(slots):
         for slot in slots:
-            kernels.reverse(True, M, P, I, snapshots[slot], powers[slot] if powers.shape[0] else no_powers, Madj,
+            kernels.reverse(True, M, P, snapshots[slot], powers[slot] if powers.shape[0] else no_powers, Madj,
                             GP_h, GP_v, g_u)
 
     _reverse_stack(state, reverse)
