@@ -189,18 +189,31 @@ def build_grid_tables(pairwise, rho, H, W, T_h, T_v, RS_h, RS_v):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one):
+def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode):
     """Step (a): the cavity of every sender of the line, in the product order
     of the slot kernels (slots of the sender backwards: D, U, R, L)."""
     Lw = Mo.shape[3]
     for x in range(K):
         for l in range(Lw):
             v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
+            oa = _power(rho_mode, Po[snd, _AFTER, x, l])
+            ob = _power(rho_mode, Po[snd, _BEFORE, x, l])
+            xa = _power(rho_mode, Px[l, _AFTER, x, snd])
+            xb = _power(rho_mode, Px[l, _BEFORE, x, snd])
             if own_first:  # vertical family: own planes are U, D
-                v = v * Po[snd, _AFTER, x, l] * Po[snd, _BEFORE, x, l] * Px[l, _AFTER, x, snd] * Px[l, _BEFORE, x, snd]
+                v = v * oa * ob * xa * xb
             else:
-                v = v * Px[l, _AFTER, x, snd] * Px[l, _BEFORE, x, snd] * Po[snd, _AFTER, x, l] * Po[snd, _BEFORE, x, l]
+                v = v * xa * xb * oa * ob
             cav[x, l] = v
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _power(rho_mode, stored):
+    """A message's power ``m ** rho`` from the power planes, which are the
+    message planes themselves for rho = 1 and for rho = 1/2: the square root
+    is computed where it is read (as the slot kernels store it), which spares
+    a plane's memory and traffic per message."""
+    return math.sqrt(stored) if rho_mode == _RHO_HALF else stored
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -228,7 +241,7 @@ def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode):
         for l in range(Lw):
             m, _, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
             Mo[rcv, pt, x, l] = m
-            if rho_mode != _RHO_ONE:  # _RHO_ONE: Po is Mo
+            if rho_mode == _RHO_GENERAL:  # else Po is Mo
                 Po[rcv, pt, x, l] = p
 
 
@@ -257,7 +270,7 @@ def _phase(kt, backward, own_first, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token
         a = A - 2 - step if backward else step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode)
         for xv in range(K):
             for l in range(Lw):
                 out[xv, l] = cav[0, l] * (T[a, xv, 0, l] if backward else T[a, 0, xv, l])
@@ -290,7 +303,7 @@ def _phase(kt, backward, own_first, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token
                     m += q[xu, xv]
                 m, _, p = _message_entry(m, rho_mode, rho_c, floor, one)
                 Mo[rcv, pt, xv, l] = m
-                if rho_mode != _RHO_ONE:
+                if rho_mode == _RHO_GENERAL:
                     Po[rcv, pt, xv, l] = p
     return n_fallback
 
@@ -379,7 +392,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Px, Mx, flat_M, sna
             for l in range(Lw):
                 rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
         # (a) s = tab * A(x_u), and its sum Z
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode)
         for l in range(Lw):
             z[l] = cav[0, l] * RS[a, d, 0, l]
         for x in range(1, K):
@@ -434,9 +447,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Px, Mx, flat_M, sna
                 for l in range(Lw):
                     m = snap_o[rcv, pt, x, l]
                     Mo[rcv, pt, x, l] = m
-                    if rho_mode == _RHO_HALF:
-                        Po[rcv, pt, x, l] = math.sqrt(m)
-                    elif keep_pow:
+                    if keep_pow:
                         Po[rcv, pt, x, l] = snap_pow_o[rcv, pt, x, l]
         for x in range(K):
             for l in range(Lw):

@@ -1263,11 +1263,13 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     )
 
 
-def _grid_planes(grid_kernels, M, MP):
-    """The slot-layout messages and powers as flat planes (absent neighbours: 1)."""
+def _grid_planes(grid_kernels, M, MP, rho_mode):
+    """The slot-layout messages and powers as flat planes (absent neighbours:
+    1); the power planes are the message planes unless rho is general (the
+    grid kernels take square roots where they read them)."""
     to_grid = grid_kernels.grid.to_grid
     flat_M = to_grid(M)
-    return flat_M, flat_M if MP is M else to_grid(MP)
+    return flat_M, to_grid(MP) if rho_mode == _RHO_GENERAL else flat_M
 
 
 def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, IM, tol, kt, unary, edges, ptr,
@@ -1279,14 +1281,17 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     Returns the planes ``(M, P)``, the iterations, whether converged and
     the number of fallbacks."""
     grid = grid_kernels.grid
-    planes = _grid_planes(grid_kernels, M, MP)
+    mode = len(grid_kernels.rho_token)
+    planes = _grid_planes(grid_kernels, M, MP, mode)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
     n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
 
     def to_slots():
         M[...] = grid.to_slots(planes[0])
-        if MP is not M:
+        if mode == _RHO_GENERAL:
             MP[...] = grid.to_slots(planes[1])
+        elif mode == _RHO_HALF:
+            np.sqrt(M, out=MP)
 
     to_slots()
     prev = np.empty_like(mu_u)
@@ -1315,8 +1320,8 @@ def _snapshot_messages(state, slot):
     iterations match bit for bit."""
     M = state.stack_buffer[slot].copy()
     IM = np.divide(1, M, dtype=M.dtype)
-    if state.rho_mode == _RHO_ONE:
-        MP = M
+    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and state.grid_kernels is not None):
+        MP = M  # the grid kernels take square roots where they read them
     elif state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M)
     else:
@@ -1506,7 +1511,7 @@ def _grid_backward(state, gmu_u, gmu_p):
     Madj = kernels.grid.to_grid(Madj, fill=0.0)
     GP_h, GP_v = kernels.split_pairwise(g_p)
     M = state.grid_planes[0].copy()
-    P = M if state.rho_mode == _RHO_ONE else state.grid_planes[1].copy()
+    P = state.grid_planes[1].copy() if state.rho_mode == _RHO_GENERAL else M
     snapshots, powers = state.stack_buffer, state.snapshot_powers
     no_powers = np.empty(0, M.dtype)
 
