@@ -147,8 +147,10 @@ On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
 iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
 (the image's lines of independent updates as vector loops, messages in
 per-direction planes): bitwise the same values, chosen where they measured
-faster (``_use_grid_kernels``: float32 with K = 2, 1.3-1.6x for forward +
-backward on 200 x 300).
+faster (``_use_grid_kernels``: K = 2, for forward + backward on 200 x 300
+1.2-1.3x in float64 and 1.4-1.8x in float32). Without planes of inverses,
+nor of powers for rho = 1/2 (computed where read, with the same rounding),
+they also keep less in memory.
 
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
 some snapshots, and ``trw_backward`` recomputes each segment of iterations
@@ -235,12 +237,14 @@ _INTERLEAVE_WIDTH = 2
 def _use_grid_kernels(n_states, dtype):
     """Whether a fixed number of iterations on an image grid runs the line
     kernels of ``sklearn_margcrf._trw_grid`` by default (same values).
-    Measured (200 x 300, 20 iterations, forward + backward, one thread):
-    float32 K = 2 0.156-0.19 s against 0.25 s with the slot kernels (whole
-    processes of 10 gradients: 1.30x); float64 K = 2 0.265 against 0.260,
-    K = 8 1.66 against 1.59, float32 K = 8 1.065 against 1.064 (the setup
-    and the forward pass at K = 8 are slower there)."""
-    return n_states == 2 and np.dtype(dtype) == np.float32
+    Measured (200 x 300, 20 iterations, rho = 1/2, forward + backward, one
+    thread, minimum CPU time per gradient over repeated runs): K = 2 float64
+    0.21-0.23 s against 0.26-0.28 s with the slot kernels, float32 0.13-0.16
+    against 0.22-0.23 s. K = 4 float64: 0.55-0.61 against 0.57-0.62 s (no
+    gain); K = 8 float64: 0.85x the CPU time of whole processes, but 80 MB
+    more at the peak, and each new (K, dtype, rho class) costs about a
+    minute of compilation once, so only K = 2 for now."""
+    return n_states == 2
 
 
 def _label_token(n_states, specialise=True):
