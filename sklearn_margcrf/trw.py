@@ -1200,33 +1200,33 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         MP[...] = np.power(M[0, 0], rho_slot)[:, None]
     else:
         MP = np.power(M, rho_slot[:, None], dtype=dtype)
-    snapshots = stack_pow = np.empty((0, 0, 0), dtype)
+    grid_kernels = grid_planes = None
+    if shape is not None:
+        from ._trw_grid import GridKernels
+
+        grid_kernels = GridKernels(*shape, kt, unary, pairwise, rho, eu, rho_slot, mode, slot_edge, slot_side,
+                                   slot_of, ptr)
+    # one snapshot: the slot layout, or the planes' (flat) for the grid kernels
+    snapshot_shape = (2 * E, K) if grid_kernels is None else (grid_kernels.grid.size,)
+    snapshots = stack_pow = np.empty((0, *snapshot_shape), dtype)
     push_slot = np.empty(0, np.int64)
     starts = None
     if keep_stack and n_iter > 0:
         snapshot_bytes = 2 * E * K * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
         n_slots, starts = segment_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
-        snapshots = np.empty((n_slots, 2 * E, K), dtype)
+        snapshots = np.empty((n_slots, *snapshot_shape), dtype)
         if mode == _RHO_GENERAL:
-            stack_pow = np.empty((n_slots, 2 * E, K), dtype)
+            stack_pow = np.empty((n_slots, *snapshot_shape), dtype)
         push_slot = _push_slots(n_iter, starts)
     mu_u = np.empty((n, K), dtype)
     mu_p = np.empty((E, K * K), dtype)
-    grid_kernels = grid_planes = None
-    if shape is None:
+    if grid_kernels is None:
         it, converged, n_fallback = _trw_forward_kernel(
             kt, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
             edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
             push_slot, snapshots, stack_pow, mu_u, mu_p,
         )
     else:
-        from ._trw_grid import GridKernels
-
-        grid_kernels = GridKernels(*shape, kt, unary, pairwise, rho, eu, rho_slot, mode, slot_edge, slot_side,
-                                   slot_of, ptr)
-        size = grid_kernels.grid.size  # snapshots in the planes' layout
-        snapshots = np.empty((snapshots.shape[0], size), dtype)
-        stack_pow = np.empty((snapshots.shape[0] if mode == _RHO_GENERAL else 0, size), dtype)
         grid_planes, it, converged, n_fallback = _grid_forward(
             grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, IM, tol, kt, unary, edges, ptr,
             slot_of, rho, rho_slot, eu, mu_u, mu_p,
