@@ -81,9 +81,14 @@ class Grid:
     def __init__(self, height, width, slot_edge, slot_side, n_states):
         self.height, self.width, self.n_states = height, width, n_states
         self.slot_pos = _slot_positions(height, width, n_states, slot_edge, slot_side)
-        # (first edge, edge stride along a, along l, node stride along a, along l, H, W)
-        self.geometry_h = np.array([0, 1, width - 1, 1, width, height, width], np.int64)
-        self.geometry_v = np.array([height * (width - 1), width, 1, width, 1, height, width], np.int64)
+        # (first edge, edge stride along a, along l, node stride along a, along
+        # l, H, W, whether the family's own planes come first in the cavity's
+        # product): a run-time value, so that each phase kernel compiles once
+        # for both families: 32 instead of 73 s of compilation per (K, dtype,
+        # rho class), for whole-process CPU time ratios of 1.03 (float64) and
+        # 1.01 (float32), within the noise of the measurement (0.95-1.12)
+        self.geometry_h = np.array([0, 1, width - 1, 1, width, height, width, 0], np.int64)
+        self.geometry_v = np.array([height * (width - 1), width, 1, width, 1, height, width, 1], np.int64)
 
     @property
     def size(self):
@@ -246,7 +251,7 @@ def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _phase(kt, backward, own_first, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
+def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
            rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One phase of a TRW iteration (Eq. TRW-msgs), line after line; returns
     the number of log-domain fallbacks. The forward sweep (``backward`` False)
@@ -255,6 +260,7 @@ def _phase(kt, backward, own_first, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token
     K = len(kt) if len(kt) > 0 else Mo.shape[2]
     floor, tiny, huge, _, _, _, one = _limits_of(eu_o)
     rho_mode = len(rho_token)  # a constant (see GridKernels.rho_token)
+    own_first = geometry[7] == 1
     A = Mo.shape[0]
     Lw = Mo.shape[3]
     H = geometry[5]
@@ -351,7 +357,7 @@ def _plane_rho(rho_mode, RHO, p, i, j, half, one):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
+def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
                    RHOo, RHOx, rho_token, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
                    scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
@@ -363,6 +369,7 @@ def _reverse_phase(kt, backward, own_first, restore, Mo, Po, Px, Mx, flat_M, sna
     K = len(kt) if len(kt) > 0 else Mo.shape[2]
     _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu_o)
     rho_mode = len(rho_token)
+    own_first = geometry[7] == 1
     keep_pow = snap_pow_o.shape[0] > 0
     A = Mo.shape[0]
     Lw = Mo.shape[3]
@@ -469,13 +476,13 @@ def grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, ge
     K = eu_h.shape[1]
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
-    n = _phase(kt, False, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    n = _phase(kt, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, False, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, False, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    n += _phase(kt, True, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
     return n
 
@@ -496,16 +503,16 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h,
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, True, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, True, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, False, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
 
