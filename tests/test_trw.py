@@ -195,7 +195,7 @@ def test_specialised_kernels_match_generic_kernels(rho_value, K):
 
 # K = 2 is what users run (see trw._use_grid_kernels): every rho class in
 # float32; in float64 the general class, the most involved path (each rho
-# class and dtype takes about a minute to compile).
+# class and dtype takes about half a minute to compile).
 @pytest.mark.parametrize(("K", "dtype", "specialise", "cases"), [
     (2, np.float32, True, ((0.5, 1.0), (1.0, 1.0), ("random", 1.0), (0.5, 100.0))),
     (2, np.float64, True, (("random", 1.0), ("random", 800.0))),
