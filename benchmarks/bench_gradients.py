@@ -52,12 +52,10 @@ def gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
 def peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
     """Peak memory of one forward + backward beyond its inputs (MB): what numpy
     allocates (tracemalloc) plus what the kernels allocate themselves, which
-    tracemalloc does not see: the recomputation's copies of one snapshot
-    (messages, inverses, powers: 3 snapshots, checkpointed only) and the
-    forward's previous marginals (n x K)."""
+    tracemalloc does not see: the forward's previous marginals (n x K). (The
+    copies of a snapshot that a checkpointed backward recomputes from are
+    made in Python, so tracemalloc counts them.)"""
     import tracemalloc
-
-    from sklearn_margcrf._checkpoints import segment_plan
 
     gradient(edges, unary, pairwise, rho, labels, 1, checkpoints)  # compile outside the measurement
     tracemalloc.start()
@@ -67,9 +65,7 @@ def peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints=N
     finally:
         tracemalloc.stop()
     n, K = unary.shape
-    snapshot = 2 * len(edges) * K * unary.itemsize
-    checkpointed = len(segment_plan(n_iter, checkpoints, snapshot)[1]) < n_iter
-    return (peak + 3 * snapshot * checkpointed + n * K * unary.itemsize) / 1e6
+    return (peak + n * K * unary.itemsize) / 1e6
 
 
 def section_speed(args):
