@@ -557,6 +557,7 @@ class GridKernels:
         self.kt, self.K, self.dtype = label_token, K, dtype
         # the rho class as the length of a tuple, like the label token: a
         # compile-time constant, so each class gets branch-free loops
+        self.rho_mode = rho_mode
         self.rho_token = (0,) * rho_mode
         self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
         node_planes = eu.reshape(H, W, K)

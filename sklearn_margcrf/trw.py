@@ -242,7 +242,7 @@ def _use_grid_kernels(n_states, dtype):
     0.21-0.23 s against 0.26-0.28 s with the slot kernels, float32 0.13-0.16
     against 0.22-0.23 s. K = 4 float64: 0.55-0.61 against 0.57-0.62 s (no
     gain); K = 8 float64: 0.85x the CPU time of whole processes, but 80 MB
-    more at the peak, and each new (K, dtype, rho class) costs about a
+    more at the peak, and each new (K, dtype, rho class) costs about half a
     minute of compilation once, so only K = 2 for now."""
     return n_states == 2
 
@@ -1190,7 +1190,9 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         M = np.full((2 * E, K), 1.0 / K, dtype)
     else:
         M = np.array(start, dtype=dtype).reshape(2 * E, K)  # a copy: the kernel updates it in place
-    IM = np.divide(1, M, dtype=dtype)  # as the kernels invert, so that recomputed iterations match
+    # as the kernels invert, so that recomputed iterations match (the grid
+    # kernels fill it at the end)
+    IM = np.divide(1, M, dtype=dtype) if shape is None else np.empty_like(M)
     if mode == _RHO_ONE:
         MP = M
     elif mode == _RHO_HALF:
@@ -1285,7 +1287,7 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     Returns the planes ``(M, P)``, the iterations, whether converged and
     the number of fallbacks."""
     grid = grid_kernels.grid
-    mode = len(grid_kernels.rho_token)
+    mode = grid_kernels.rho_mode
     planes = _grid_planes(grid_kernels, M, MP, mode)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
     n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
@@ -1321,11 +1323,13 @@ def _push_slots(n_iter, starts):
 def _snapshot_messages(state, slot):
     """Messages, powers and inverses from snapshot ``slot`` (slot layout or
     planes), derived as the forward pass derived them, so that recomputed
-    iterations match bit for bit."""
+    iterations match bit for bit. The grid kernels read neither inverses
+    (None) nor, for rho = 1/2, powers: they compute them where they read them."""
     M = state.stack_buffer[slot].copy()
-    IM = np.divide(1, M, dtype=M.dtype)
-    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and state.grid_kernels is not None):
-        MP = M  # the grid kernels take square roots where they read them
+    grid = state.grid_kernels is not None
+    IM = None if grid else np.divide(1, M, dtype=M.dtype)
+    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and grid):
+        MP = M
     elif state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M)
     else:
