@@ -220,13 +220,11 @@ _RHO_HALF = 2  # sqrt(m)
 # The kernels are compiled for a constant number of labels K up to this many:
 # the label loops then have constant trip counts, which the compiler unrolls
 # and vectorises (K = 8 forward sweep: 0.33 instead of 0.40 s for 20
-# iterations on a 200 x 300 grid; back TRW 1.5x faster for K = 3 to 5). Larger
-# K run one generic compilation.
+# iterations on a 200 x 300 grid; back TRW 1.5x faster for K = 3 to 5, and for
+# K = 8 float64 0.77-0.82 against 0.91-0.93 s, once the pairwise adjoints are
+# accumulated in loops with constant strides). Larger K run one generic
+# compilation.
 _MAX_SPECIALISED_K = 8
-# ... except the reverse sweep of K * itemsize >= 64 bytes (K = 8 in float64),
-# which measured slower unrolled than generic (1.40 against 1.13 s; float32
-# K = 8: 0.73 against 0.81 s).
-_MAX_SPECIALISED_REVERSE_BYTES = 63
 
 # Merge this many independent chains in the K = 2 forward sweep (see
 # ``_interleave``; 232 x 315 grid, 20 iterations: 102-106, 115-118 and
@@ -251,12 +249,6 @@ def _label_token(n_states, specialise=True):
     """The kernels' first argument: a tuple whose *length* is K (its type, so
     numba compiles one specialisation per K) or empty for the generic build."""
     return (0,) * n_states if specialise and n_states <= _MAX_SPECIALISED_K else ()
-
-
-def _reverse_label_token(state):
-    """The label token of the reverse sweeps of ``state`` (see ``_MAX_SPECIALISED_REVERSE_BYTES``)."""
-    K = state.unary.shape[1]
-    return state.label_token if K * state.unary.itemsize <= _MAX_SPECIALISED_REVERSE_BYTES else ()
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -626,6 +618,18 @@ def _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pa
 #   (g) dL/dm_ci = 0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pairwise_adjoint(K, su, sv, c, tab, cav, tabs, inv, rv, g_p, h):
+    """Step 8(c) and the sum h of (d), in the normal case: ``val(x_u, x_v) =
+    cav[x_u] tabs[tab, x_v, x_u] inv rv[x_v]`` into ``g_p[c, x_u su + x_v sv]``."""
+    for xv in range(K):
+        b = rv[xv]
+        for xu in range(K):
+            val = cav[xu] * tabs[tab, xv, xu] * inv * b
+            g_p[c, xu * su + xv * sv] += val
+            h[xu] += val
+
+
 @njit(cache=True, nogil=True)
 def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
                    stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q):
@@ -654,36 +658,30 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
         for x in range(1, K):
             z += cav[x] * rsum[st, x]
         # (c) goes to g_p[c, x_i * K + x_j]: forward sweep (st < E): c = st,
-        # (x_u, x_v) = (x_i, x_j); backward sweep: c = 2E-1-st, (x_u, x_v) = (x_j, x_i)
-        if st < n_fwd:
-            c = st
-            su = K
-            sv = 1
-        else:
-            c = n_steps - 1 - st
-            su = 1
-            sv = K
+        # (x_u, x_v) = (x_i, x_j); backward sweep: c = 2E-1-st, (x_u, x_v) =
+        # (x_j, x_i). The loops run x_v outer, x_u inner (K independent sums
+        # for h), over the table of step 2E-1-st, this step's transposed, so
+        # that the inner loop reads contiguously
+        back = n_steps - 1 - st
         for x in range(K):
             h[x] = zero
-        # (loops ordered x_v outer, x_u inner: K independent sums for h)
         if z > tiny and z < huge:
             # val = ((A tab) / Z) (nu / m_ci): (A tab) / Z <= m_ci keeps it
             # within |nu|, whereas nu / m_ci / Z alone overflows when m_ci and
             # Z are both tiny
             inv = one / z
-            for xv in range(K):
-                b = rv[xv]
-                for xu in range(K):
-                    val = cav[xu] * tabs[st, xu, xv] * inv * b
-                    g_p[c, xu * su + xv * sv] += val  # (c)
-                    h[xu] += val
+            if st < n_fwd:  # constant strides in each branch
+                _pairwise_adjoint(K, K, 1, st, back, cav, tabs, inv, rv, g_p, h)
+            else:
+                _pairwise_adjoint(K, 1, K, back, back, cav, tabs, inv, rv, g_p, h)
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
+            c, su, sv = (st, K, 1) if st < n_fwd else (back, 1, K)
             for xv in range(K):
                 b = rv[xv]
                 for xu in range(K):
                     val = q[xu, xv] * b
-                    g_p[c, xu * su + xv * sv] += val  # (c)
+                    g_p[c, xu * su + xv * sv] += val
                     h[xu] += val
         # (d)
         for x in range(K):
@@ -1458,7 +1456,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         IM = state.slot_inverses.copy()
         MP = M if state.rho_mode == _RHO_ONE else state.slot_powers.copy()
     g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
-    kt = _reverse_label_token(state)
+    kt = state.label_token
 
     def reverse(slots, snapshots, snapshot_powers, sweeps=0):
         return _reverse_iterations(
