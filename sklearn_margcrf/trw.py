@@ -137,10 +137,11 @@ structure (``sklearn_margcrf._graph.incidence``, node by node) holds the
 message from edge ``incidence.edge[k]`` into its node, so the messages into a
 node are contiguous. The schedule is tabulated once per call (for each update:
 target slot, reverse slot, the sender's slot range and the sender), together
-with the potential tables in schedule order, so the kernels stream through
-them. Every kernel allocates its scratch space once, outside the per-message
+with the potential tables, one per edge (the forward sweep reads edge ``c``'s
+table as it is stored, the backward sweep transposed: half the memory and the
+memory traffic of a table per update, which dominates from K = 8). Every kernel allocates its scratch space once, outside the per-message
 loop. The forward sweep runs in interleaved order for K = 2 (through an index
-array: the tables stay in schedule order); with more labels an update does
+array); with more labels an update does
 enough work for the processor to overlap consecutive ones by itself.
 
 On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
@@ -279,7 +280,7 @@ def _slot_rho(rho_mode, rho_slot, k, half, one):
 
 
 # ---------------------------------------------------------------------------
-# setup: tables in schedule order
+# setup: tables
 # ---------------------------------------------------------------------------
 
 
@@ -312,11 +313,13 @@ def _pairwise_top(pairwise, c):
 def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
     """Max-shifted exponential tables.
 
-    ``eu[v, x] = exp(theta_v(x) - max theta_v)``; for schedule step ``st``
-    (forward sweep: ``st = c``, into ``j``; backward sweep: ``st = 2E-1-c``,
-    into ``i``), ``tabs[st, x_u, x_v] = exp((theta_c - max theta_c) / rho_c)``
-    at the states of the sender ``u`` and receiver ``v``, and
-    ``rsum[st, x_u] = sum_{x_v} tabs[st, x_u, x_v]``.
+    ``eu[v, x] = exp(theta_v(x) - max theta_v)``, ``tabs[c, x_i, x_j] =
+    exp((theta_c - max theta_c) / rho_c)`` (once per edge: the backward
+    sweep's step ``2E-1-c``, from ``j`` into ``i``, reads it transposed), and
+    for schedule step ``st`` (forward sweep: ``st = c``, from ``i`` into ``j``;
+    backward sweep: ``st = 2E-1-c``) ``rsum[st, x_u] = sum_{x_v} tab(x_u,
+    x_v)`` over the states of the receiver ``v`` (row sums of ``tabs[c]``,
+    column sums for the backward sweep), in the order of ``x_v``.
     """
     K = unary.shape[1]
     E = pairwise.shape[0]
@@ -324,18 +327,18 @@ def _build_tables(unary, pairwise, rho, eu, tabs, rsum):
     for c in range(E):
         top = _pairwise_top(pairwise, c)
         inv_rho = 1.0 / rho[c]
-        back = 2 * E - 1 - c
         for a in range(K):
             for b in range(K):
-                v = math.exp((pairwise[c, a, b] - top) * inv_rho)
-                tabs[c, a, b] = v
-                tabs[back, b, a] = v
-    for st in range(2 * E):
+                tabs[c, a, b] = math.exp((pairwise[c, a, b] - top) * inv_rho)
+        back = 2 * E - 1 - c
         for a in range(K):
-            acc = tabs[st, a, 0]
+            row = tabs[c, a, 0]
+            column = tabs[c, 0, a]
             for b in range(1, K):
-                acc += tabs[st, a, b]
-            rsum[st, a] = acc
+                row += tabs[c, a, b]
+                column += tabs[c, b, a]
+            rsum[c, a] = row
+            rsum[back, a] = column
 
 
 # ---------------------------------------------------------------------------
@@ -553,8 +556,29 @@ def _max_abs_diff(a, b):
 # being updated (edge c into v), r = slot of the reverse message (edge c into
 # the sender u), lo:hi = slots of the messages into u.
 #   A(x_u)  = eu[u] * prod_{k in lo:hi} MP[k] * IM[r]        (cavity)
-#   m0(x_v) = sum_{x_u} tabs[st, x_u, x_v] A(x_u)
+#   m0(x_v) = sum_{x_u} tab(x_u, x_v) A(x_u)   (tab: tabs[c] or its transpose)
 #   M[t]    = max(m0 / sum m0, floor),  MP[t] = M[t] ** rho_c,  IM[t] = 1 / M[t]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _propagate(K, st, n_steps, cav, tabs, out):
+    """``out[x_v] = sum_{x_u} tab(x_u, x_v) cav[x_u]`` for schedule step
+    ``st``, summed in the order of ``x_u``: the forward sweep's table is
+    ``tabs[st]``, the backward sweep's ``tabs[n_steps-1-st]`` transposed."""
+    if st < n_steps // 2:
+        for xv in range(K):
+            out[xv] = cav[0] * tabs[st, 0, xv]
+        for xu in range(1, K):
+            a = cav[xu]
+            for xv in range(K):
+                out[xv] += a * tabs[st, xu, xv]
+    else:
+        c = n_steps - 1 - st
+        for xv in range(K):
+            acc = cav[0] * tabs[c, xv, 0]
+            for xu in range(1, K):
+                acc += cav[xu] * tabs[c, xv, xu]
+            out[xv] = acc
 
 
 @njit(cache=True, nogil=True)
@@ -579,12 +603,7 @@ def _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pa
         for k in range(sched[st, 3] - 1, sched[st, 2] - 1, -1):
             for x in range(K):
                 cav[x] *= MP[k, x]
-        for xv in range(K):
-            out[xv] = cav[0] * tabs[st, 0, xv]
-        for xu in range(1, K):
-            a = cav[xu]
-            for xv in range(K):
-                out[xv] += a * tabs[st, xu, xv]
+        _propagate(K, st, sched.shape[0], cav, tabs, out)
         total = out[0]
         for x in range(1, K):
             total += out[x]
@@ -605,7 +624,7 @@ def _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pa
 # For schedule step st (pair (c, i) of the paper, i = receiver v, j = sender
 # u), with Madj = dL/dm (slot layout) and M holding the messages as they were
 # right after the update:
-#   (a) s(x_c) = tabs[st] * A(x_u), A recomputed exactly as in the forward pass
+#   (a) s(x_c) = tab * A(x_u), A recomputed exactly as in the forward pass
 #   (b) nu = backnorm(dL/dm_ci, m_ci); dL/dm0(x_i) = nu(x_i) / m0(x_i) with the
 #       unnormalised m0 = Z m_ci, Z = sum s, so s nu / m0 = (s / Z)(nu / m_ci).
 #       (The paper writes nu / m_c(x_i); the division by the normaliser Z is
@@ -619,14 +638,18 @@ def _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pa
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pairwise_adjoint(K, su, sv, c, tab, cav, tabs, inv, rv, g_p, h):
-    """Step 8(c) and the sum h of (d), in the normal case: ``val(x_u, x_v) =
-    cav[x_u] tabs[tab, x_v, x_u] inv rv[x_v]`` into ``g_p[c, x_u su + x_v sv]``."""
+def _pairwise_adjoint(K, forward, c, cav, tabs, inv, rv, g_p, h):
+    """Step 8(c) and the sum h of (d) in the normal case, for a step of the
+    forward sweep (``(x_u, x_v) = (x_i, x_j)``) or of the backward sweep
+    (``(x_j, x_i)``) on edge ``c``: ``val = cav[x_u] tab(x_i, x_j) inv
+    rv[x_v]`` into ``g_p[c, x_i K + x_j]`` and ``h[x_u]``. The loops run over
+    ``x_v`` outer and ``x_u`` inner: K independent sums for h."""
     for xv in range(K):
         b = rv[xv]
         for xu in range(K):
-            val = cav[xu] * tabs[tab, xv, xu] * inv * b
-            g_p[c, xu * su + xv * sv] += val
+            xi, xj = (xu, xv) if forward else (xv, xu)
+            val = cav[xu] * tabs[c, xi, xj] * inv * b
+            g_p[c, xi * K + xj] += val
             h[xu] += val
 
 
@@ -648,7 +671,7 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
         u = sched[st, 4]
         # (b) nu = backnorm(dL/dm_ci, m_ci); keep nu / m_ci
         backnorm_ratio(Madj[t], M[t], rv)
-        # (a) s = tabs[st] * A(x_u)
+        # (a) s = tab * A(x_u)
         for x in range(K):
             cav[x] = eu[u, x] * IM[r, x]
         for k in range(hi - 1, lo - 1, -1):
@@ -659,9 +682,7 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
             z += cav[x] * rsum[st, x]
         # (c) goes to g_p[c, x_i * K + x_j]: forward sweep (st < E): c = st,
         # (x_u, x_v) = (x_i, x_j); backward sweep: c = 2E-1-st, (x_u, x_v) =
-        # (x_j, x_i). The loops run x_v outer, x_u inner (K independent sums
-        # for h), over the table of step 2E-1-st, this step's transposed, so
-        # that the inner loop reads contiguously
+        # (x_j, x_i)
         back = n_steps - 1 - st
         for x in range(K):
             h[x] = zero
@@ -670,10 +691,10 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
             # within |nu|, whereas nu / m_ci / Z alone overflows when m_ci and
             # Z are both tiny
             inv = one / z
-            if st < n_fwd:  # constant strides in each branch
-                _pairwise_adjoint(K, K, 1, st, back, cav, tabs, inv, rv, g_p, h)
+            if st < n_fwd:  # a constant in each inlined copy
+                _pairwise_adjoint(K, True, st, cav, tabs, inv, rv, g_p, h)
             else:
-                _pairwise_adjoint(K, 1, K, back, back, cav, tabs, inv, rv, g_p, h)
+                _pairwise_adjoint(K, False, back, cav, tabs, inv, rv, g_p, h)
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
             c, su, sv = (st, K, 1) if st < n_fwd else (back, 1, K)
@@ -1178,7 +1199,7 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     kt = _label_token(K, specialise)
     eu = np.empty((n, K), dtype)
     if shape is None:
-        tabs = np.empty((2 * E, K, K), dtype)
+        tabs = np.empty((E, K, K), dtype)
         rsum = np.empty((2 * E, K), dtype)
         _build_tables(unary, pairwise, rho, eu, tabs, rsum)
     else:  # the grid kernels keep their own tables, once per edge
@@ -1492,7 +1513,7 @@ def _slot_tables(state):
             len(state.unary), state.edges, state.rho, state.ptr, state.slot_edge, state.slot_side, state.slot_of,
             K == 2,
         )
-        state.tabs = np.empty((2 * E, K, K), state.unary.dtype)
+        state.tabs = np.empty((E, K, K), state.unary.dtype)
         state.rsum = np.empty((2 * E, K), state.unary.dtype)
         _build_tables(state.unary, state.pairwise, state.rho, np.empty_like(state.eu), state.tabs, state.rsum)
 
