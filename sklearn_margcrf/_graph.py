@@ -18,6 +18,8 @@ import numbers
 
 import numpy as np
 
+from ._workspace import scratch
+
 __all__ = ["Incidence", "grid_edges", "incidence", "validate_model"]
 
 
@@ -75,12 +77,13 @@ def incidence(n_nodes, edges):
     ends = edges.ravel()  # node of (e, s) at position 2e + s
     order = np.argsort(ends, kind="stable")
     counts = np.bincount(ends, minlength=n_nodes)
-    ptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    ptr = scratch(n_nodes + 1, np.int64)
+    ptr[0] = 0
     np.cumsum(counts, out=ptr[1:])
-    edge = (order // 2).astype(np.int64)
-    side = (order % 2).astype(np.int64)
+    edge = np.floor_divide(order, 2, out=scratch(order.shape, np.int64))
+    side = np.remainder(order, 2, out=scratch(order.shape, np.int64))
     assert edge.shape[0] == 2 * n_edges
-    return Incidence(ptr, np.ascontiguousarray(edge), np.ascontiguousarray(side))
+    return Incidence(ptr, edge, side)
 
 
 def _as_float_array(value, name, ndim, keep_float32=False):

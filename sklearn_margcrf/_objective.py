@@ -31,6 +31,7 @@ import numpy as np
 
 from ._linear import feature_scores, weight_gradient
 from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings, warm_start_applies
+from ._workspace import workspace
 from .inference import KERNELS
 
 __all__ = ["CRFObjective"]
@@ -200,15 +201,21 @@ def _batch_loss_gradient(batch, objective, unary_coef, pairwise_coef, starts=Non
     (:class:`._parallel.ImageStarts`) when given."""
     results = []
     for b, image in enumerate(batch.images()):
-        *result, end = objective.image_loss_gradient(
-            unary_coef, pairwise_coef, *image, start=None if starts is None else starts.start(b)
-        )
-        if starts is not None:
-            starts.keep(b, end)
+        with workspace():  # each image reuses the scratch arrays of the one before
+            *result, end = objective.image_loss_gradient(
+                unary_coef, pairwise_coef, *image, start=None if starts is None else starts.start(b)
+            )
+            if starts is not None:
+                starts.keep(b, end)
         results.append(result)
     return results
 
 
 def _batch_marginals(batch, objective, unary_coef, pairwise_coef):
     """Per-image results of :meth:`CRFObjective.image_marginals` (worker side)."""
-    return [objective.image_marginals(unary_coef, pairwise_coef, *image[:3]) for image in batch.images()]
+    results = []
+    for image in batch.images():
+        with workspace():
+            mu, diagnostics = objective.image_marginals(unary_coef, pairwise_coef, *image[:3])
+            results.append((np.array(mu), diagnostics))  # out of the workspace's memory
+    return results

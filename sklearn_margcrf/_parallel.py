@@ -58,6 +58,8 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
+from ._workspace import release
+
 __all__ = ["Batch", "ImageBatches", "ImageStarts", "LostWorker", "WarmStarts", "balanced_groups", "cluster_client", "pack",
            "plan_groups"]
 
@@ -394,6 +396,7 @@ class ImageBatches:
 
     def __exit__(self, *exc):
         self._stop_workers(*exc)
+        release()  # the scratch buffers this thread kept between images (sklearn_margcrf._workspace)
         self._handles = self._client = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)

@@ -42,6 +42,7 @@ import numpy as np
 from numba import njit
 
 from ._graph import grid_edges
+from ._workspace import scratch, scratch_copy, scratch_full
 from .trw import (
     _RHO_GENERAL,
     _RHO_HALF,
@@ -80,7 +81,8 @@ class Grid:
 
     def __init__(self, height, width, slot_edge, slot_side, n_states):
         self.height, self.width, self.n_states = height, width, n_states
-        self.slot_pos = _slot_positions(height, width, n_states, slot_edge, slot_side)
+        self.slot_pos = scratch(slot_edge.shape[0], np.int64)
+        _slot_positions(height, width, n_states, slot_edge, slot_side, self.slot_pos)
         # (first edge, edge stride along a, along l, node stride along a, along
         # l, H, W, whether the family's own planes come first in the cavity's
         # product): a run-time value, so that each phase kernel compiles once
@@ -96,13 +98,14 @@ class Grid:
 
     def to_grid(self, slot_array, fill=1.0):
         """(2E, K) slot layout -> flat planes; absent neighbours get ``fill``."""
-        flat = np.full(self.size, fill, dtype=slot_array.dtype)
+        flat = scratch(self.size, slot_array.dtype)
+        flat.fill(fill)
         _copy_slots(slot_array, self.slot_pos, self.height, self.width, flat, True)
         return flat
 
     def to_slots(self, flat):
         """Flat planes -> (2E, K) slot layout."""
-        out = np.empty((self.slot_pos.shape[0], self.n_states), flat.dtype)
+        out = scratch((self.slot_pos.shape[0], self.n_states), flat.dtype)
         _copy_slots(out, self.slot_pos, self.height, self.width, flat, False)
         return out
 
@@ -120,10 +123,9 @@ def _label_stride(pos, H, W, K):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _slot_positions(H, W, K, slot_edge, slot_side):
+def _slot_positions(H, W, K, slot_edge, slot_side, pos):
     """Flat position of label 0 of each slot's message (label ``x``: ``x`` line lengths further)."""
     n_h = H * (W - 1)
-    pos = np.empty(slot_edge.shape[0], np.int64)
     for k in range(slot_edge.shape[0]):
         e = slot_edge[k]
         s = slot_side[k]
@@ -561,23 +563,23 @@ class GridKernels:
         self.rho_token = (0,) * rho_mode
         self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
         node_planes = eu.reshape(H, W, K)
-        self.eu_h = np.ascontiguousarray(node_planes.transpose(1, 2, 0))  # [c, x, r]
-        self.eu_v = np.ascontiguousarray(node_planes.transpose(0, 2, 1))  # [r, x, c]
-        self.T_h = np.empty((W - 1, K, K, H), dtype)
-        self.T_v = np.empty((H - 1, K, K, W), dtype)
-        self.RS_h = np.empty((W - 1, 2, K, H), dtype)
-        self.RS_v = np.empty((H - 1, 2, K, W), dtype)
+        self.eu_h = scratch_copy(node_planes.transpose(1, 2, 0))  # [c, x, r]
+        self.eu_v = scratch_copy(node_planes.transpose(0, 2, 1))  # [r, x, c]
+        self.T_h = scratch((W - 1, K, K, H), dtype)
+        self.T_v = scratch((H - 1, K, K, W), dtype)
+        self.RS_h = scratch((W - 1, 2, K, H), dtype)
+        self.RS_v = scratch((H - 1, 2, K, W), dtype)
         build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v, self.RS_h, self.RS_v)
         # the rho of each message, [c, p, r] and [r, p, c] (absent neighbours: 1)
         n_h = H * (W - 1)
-        self.rho_h = np.ones((W, 2, H), dtype)
+        self.rho_h = scratch_full((W, 2, H), 1, dtype)
         self.rho_h[1:, _BEFORE] = self.rho_h[:-1, _AFTER] = rho[:n_h].reshape(H, W - 1).T
-        self.rho_v = np.ones((H, 2, W), dtype)
+        self.rho_v = scratch_full((H, 2, W), 1, dtype)
         self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
         lanes = max(H, W)
         self.scratch = np.empty((2 * K + 2, lanes), dtype)
         self.adjoint_scratch = np.empty((2 * K + 1, lanes))
-        self.held = np.empty(K * H * W)
+        self.held = scratch(K * H * W, np.float64)
         self.bad = np.empty(lanes, np.int64)
         self.loc = np.empty((4, K), dtype)
         self.cav1 = np.empty(K, dtype)
@@ -609,7 +611,7 @@ class GridKernels:
 
     def forward_tables(self):
         E = self.pairwise.shape[0]
-        tabs = np.empty((E, self.K, self.K), self.dtype)
+        tabs = scratch((E, self.K, self.K), self.dtype)
         _forward_tables(self.T_h, self.T_v, self.grid.height, self.grid.width, tabs)
         return tabs
 
@@ -617,8 +619,10 @@ class GridKernels:
         """(E, K*K) edge layout -> the families' ``[a, x_i K + x_j, l]`` planes."""
         H, W, KK = self.grid.height, self.grid.width, self.K * self.K
         n_h = H * (W - 1)
-        GP_h = np.ascontiguousarray(g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0))
-        GP_v = np.ascontiguousarray(g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1))
+        GP_h = scratch((W - 1, KK, H), g_p.dtype)
+        GP_h[...] = g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0)
+        GP_v = scratch((H - 1, KK, W), g_p.dtype)
+        GP_v[...] = g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1)
         return GP_h, GP_v
 
     def join_pairwise(self, GP_h, GP_v, g_p):

@@ -77,6 +77,7 @@ from ._backnorm import backnorm
 from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, incomplete_stack, segment_plan
 from ._graph import check_n_iter, check_positive, incidence
 from ._warnings import warn_at_caller
+from ._workspace import scratch
 from .exceptions import BackpropDivergenceError
 
 __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
@@ -590,7 +591,7 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
         if n_sweeps == 0:
             return no_stack, no_saves, 0, np.inf
         n_slots, starts = segment_plan(n_sweeps, checkpoints, snapshot_bytes, budget)
-        stack = np.empty((n_slots, n_nodes, n_states), dtype=dtype)
+        stack = scratch((n_slots, n_nodes, n_states), dtype)
         return (stack, starts) + run(n_sweeps, False, stack, starts)
 
     stack = starts = None

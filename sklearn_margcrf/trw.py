@@ -169,6 +169,7 @@ from ._backnorm import backnorm, backnorm_ratio
 from ._checkpoints import check_checkpoints, incomplete_stack, segment_plan
 from ._graph import incidence, model_dtype
 from ._warnings import warn_at_caller
+from ._workspace import scratch, scratch_copy, scratch_full
 from .exceptions import BackpropDivergenceError
 
 __all__ = ["TRWState", "floored_message_entries", "trw_forward", "trw_backward"]
@@ -1100,8 +1101,8 @@ def _interleave(sched, edges, slot_edge, slot_side, n, width, order):
 def _slots(n, edges, rho):
     """The slot layout: ``ptr``, ``slot_edge``, ``slot_side``, ``slot_of``, ``rho_slot``."""
     inc = incidence(n, edges)
-    slot_of = np.empty((edges.shape[0], 2), dtype=np.int64)
-    rho_slot = np.empty(2 * edges.shape[0], rho.dtype)
+    slot_of = scratch((edges.shape[0], 2), np.int64)
+    rho_slot = scratch(2 * edges.shape[0], rho.dtype)
     _slot_map(rho, inc.edge, inc.side, slot_of, rho_slot)
     return inc.ptr, inc.edge, inc.side, slot_of, rho_slot
 
@@ -1197,30 +1198,32 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         sched, order, rho_sched = _schedule(n, edges, rho, ptr, slot_edge, slot_side, slot_of, interleave)
     mode = _rho_mode(rho)
     kt = _label_token(K, specialise)
-    eu = np.empty((n, K), dtype)
+    eu = scratch((n, K), dtype)
     if shape is None:
-        tabs = np.empty((E, K, K), dtype)
-        rsum = np.empty((2 * E, K), dtype)
+        tabs = scratch((E, K, K), dtype)
+        rsum = scratch((2 * E, K), dtype)
         _build_tables(unary, pairwise, rho, eu, tabs, rsum)
     else:  # the grid kernels keep their own tables, once per edge
         tabs = rsum = None
         _shifted_exp_unary(unary, eu)
     if start is None:
-        M = np.full((2 * E, K), 1.0 / K, dtype)
+        M = scratch_full((2 * E, K), 1.0 / K, dtype)
     else:
-        M = np.array(start, dtype=dtype).reshape(2 * E, K)  # a copy: the kernel updates it in place
+        M = scratch_copy(np.reshape(start, (2 * E, K)), dtype)  # a copy: the kernel updates it in place
     # as the kernels invert, so that recomputed iterations match (the grid
     # kernels fill it at the end)
-    IM = np.divide(1, M, dtype=dtype) if shape is None else np.empty_like(M)
+    IM = scratch(M.shape, dtype)
+    if shape is None:
+        np.divide(1, M, out=IM)
     if mode == _RHO_ONE:
         MP = M
     elif mode == _RHO_HALF:
-        MP = np.sqrt(M)
+        MP = np.sqrt(M, out=scratch(M.shape, dtype))
     elif start is None:
-        MP = np.empty((2 * E, K), dtype)
+        MP = scratch((2 * E, K), dtype)
         MP[...] = np.power(M[0, 0], rho_slot)[:, None]
     else:
-        MP = np.power(M, rho_slot[:, None], dtype=dtype)
+        MP = np.power(M, rho_slot[:, None], out=scratch(M.shape, dtype))
     grid_kernels = grid_planes = None
     if shape is not None:
         from ._trw_grid import GridKernels
@@ -1235,12 +1238,12 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     if keep_stack and n_iter > 0:
         snapshot_bytes = 2 * E * K * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
         n_slots, starts = segment_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
-        snapshots = np.empty((n_slots, *snapshot_shape), dtype)
+        snapshots = scratch((n_slots, *snapshot_shape), dtype)
         if mode == _RHO_GENERAL:
-            stack_pow = np.empty((n_slots, *snapshot_shape), dtype)
+            stack_pow = scratch((n_slots, *snapshot_shape), dtype)
         push_slot = _push_slots(n_iter, starts)
-    mu_u = np.empty((n, K), dtype)
-    mu_p = np.empty((E, K * K), dtype)
+    mu_u = scratch((n, K), dtype)
+    mu_p = scratch((E, K * K), dtype)
     if grid_kernels is None:
         it, converged, n_fallback = _trw_forward_kernel(
             kt, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
@@ -1319,7 +1322,7 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
             np.sqrt(M, out=MP)
 
     to_slots()
-    prev = np.empty_like(mu_u)
+    prev = scratch(mu_u.shape, mu_u.dtype)
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
     n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
     to_slots()
@@ -1344,7 +1347,7 @@ def _snapshot_messages(state, slot):
     planes), derived as the forward pass derived them, so that recomputed
     iterations match bit for bit. The grid kernels read neither inverses
     (None) nor, for rho = 1/2, powers: they compute them where they read them."""
-    M = state.stack_buffer[slot].copy()
+    M = scratch_copy(state.stack_buffer[slot])
     grid = state.grid_kernels is not None
     IM = None if grid else np.divide(1, M, dtype=M.dtype)
     if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and grid):
@@ -1352,7 +1355,7 @@ def _snapshot_messages(state, slot):
     elif state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M)
     else:
-        MP = state.snapshot_powers[slot].copy()
+        MP = scratch_copy(state.snapshot_powers[slot])
     return M, MP, IM
 
 
@@ -1473,9 +1476,9 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
     if fixed_point:  # the kernel only reads the messages
         M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
     else:  # the kernel restores them from the snapshots, step by step
-        M = state.slot_messages.copy()
-        IM = state.slot_inverses.copy()
-        MP = M if state.rho_mode == _RHO_ONE else state.slot_powers.copy()
+        M = scratch_copy(state.slot_messages)
+        IM = scratch_copy(state.slot_inverses)
+        MP = M if state.rho_mode == _RHO_ONE else scratch_copy(state.slot_powers)
     g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
     kt = state.label_token
 
@@ -1522,9 +1525,10 @@ def _backward_start_of(state, gmu_u, gmu_p):
     """Steps 6 and 7: fresh ``g_u``, ``g_p`` (without the 1 / rho_c) and adjoint messages."""
     n, K = state.unary.shape
     E = state.edges.shape[0]
-    g_u = np.zeros((n, K), state.unary.dtype)
-    g_p = np.zeros((E, K * K), state.unary.dtype)
-    Madj = np.zeros((2 * E, K))  # float64 in both precisions: see "Numerical stability"
+    g_u = scratch_full((n, K), 0, state.unary.dtype)
+    g_p = scratch_full((E, K * K), 0, state.unary.dtype)
+    Madj = scratch((2 * E, K), np.float64)  # float64 in both precisions: see "Numerical stability"
+    Madj.fill(0.0)
     _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, state.slot_inverses,
                     state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
     return g_u, g_p, Madj
@@ -1537,8 +1541,8 @@ def _grid_backward(state, gmu_u, gmu_p):
     g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
     Madj = kernels.grid.to_grid(Madj, fill=0.0)
     GP_h, GP_v = kernels.split_pairwise(g_p)
-    M = state.grid_planes[0].copy()
-    P = state.grid_planes[1].copy() if state.rho_mode == _RHO_GENERAL else M
+    M = scratch_copy(state.grid_planes[0])
+    P = scratch_copy(state.grid_planes[1]) if state.rho_mode == _RHO_GENERAL else M
     snapshots, powers = state.stack_buffer, state.snapshot_powers
     no_powers = np.empty(0, M.dtype)
 

@@ -1,0 +1,127 @@
+"""Scratch memory reused between the per-image computations of a fit
+(``sklearn_margcrf._workspace``): reuse within a thread, isolation between
+threads and from what callers keep, bounded retention, release after a fit."""
+
+import gc
+import threading
+import tracemalloc
+import warnings
+
+import numpy as np
+from estimator_checks import make_structured_data
+
+from sklearn_margcrf import MarginalCRF, grid_edges, loss_and_grad
+from sklearn_margcrf._workspace import release, scratch, workspace
+
+
+def test_scratch_outside_a_workspace_is_fresh_memory():
+    a = scratch((100, 3), np.float64)
+    b = scratch((100, 3), np.float64)
+    assert a.shape == (100, 3) and a.dtype == np.float64
+    assert not np.shares_memory(a, b)
+
+
+def test_workspaces_of_a_thread_reuse_the_buffers_of_earlier_ones():
+    release()
+    with workspace():
+        a = scratch(1000, np.float64)
+        b = scratch((10, 10), np.float32)
+        assert not np.shares_memory(a, b)  # distinct within a workspace
+        address = a.ctypes.data
+    with workspace():
+        c = scratch((30, 30), np.float64)  # smaller: fits the larger buffer
+        d = scratch(1000, np.int64)
+        assert not np.shares_memory(c, d)
+        assert address in (c.ctypes.data, d.ctypes.data)
+    release()
+
+
+def test_threads_do_not_share_buffers():
+    release()
+    with workspace():
+        scratch(5000, np.float64)
+    seen = []
+
+    def other():
+        with workspace():
+            seen.append(scratch(5000, np.float64))
+            with workspace():  # nested: part of the outer one
+                seen.append(scratch(5000, np.float64))
+            assert not np.shares_memory(seen[0], seen[1])
+
+    with workspace():
+        mine = scratch(5000, np.float64)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert len(seen) == 2
+        assert not any(np.shares_memory(mine, theirs) for theirs in seen)
+    release()
+
+
+def test_the_pool_keeps_at_most_one_and_a_quarter_of_the_largest_computation():
+    release()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for n in (10_000, 20_000, 40_000, 80_000, 10_000, 10_000):
+            with workspace():
+                scratch(n, np.float64)
+                scratch(n // 2, np.float64)
+        kept = tracemalloc.get_traced_memory()[0] - base
+        largest = 80_000 * 1.5 * 8 * 1.125  # one computation's buffers, with their headroom
+        assert 0.9 * largest < kept <= 1.25 * largest + 4096
+        release()
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - base < 4096
+    finally:
+        tracemalloc.stop()
+
+
+def test_gradients_computed_in_a_workspace_equal_those_outside():
+    edges = grid_edges(6, 7)
+    rng = np.random.default_rng(0)
+    unary = rng.normal(size=(42, 2))
+    pairwise = rng.normal(size=(len(edges), 2, 2))
+    labels = rng.integers(0, 2, size=42)
+    want = loss_and_grad(edges, unary, pairwise, labels, n_iter=5, rho=0.5)
+    for _ in range(3):  # later workspaces reuse the buffers of earlier ones
+        with workspace():
+            got = loss_and_grad(edges, unary, pairwise, labels, n_iter=5, rho=0.5)
+            assert got[0] == want[0]
+            np.testing.assert_array_equal(got[1], want[1])
+            np.testing.assert_array_equal(got[2], want[2])
+    release()
+
+
+def test_the_marginals_of_each_image_survive_the_computations_of_the_next():
+    # one thread computes the images of a call one after the other, each in
+    # the memory of the one before: what it returns must be copied out
+    X, y = make_structured_data(n_samples=4, shape=(5, 6), n_states=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = MarginalCRF(max_iter=3, n_iter=5, n_jobs=1).fit(X, y)
+        together = model.predict_proba(X)
+        alone = [model.predict_proba(X[k:k + 1])[0] for k in range(len(X))]
+    for p, q in zip(together, alone):
+        np.testing.assert_array_equal(p, q)
+    assert not np.array_equal(together[0], together[1])
+
+
+def test_a_fit_leaves_no_scratch_memory_in_the_calling_thread():
+    X, y = make_structured_data(n_samples=3, shape=(20, 30), n_states=2)
+    model = MarginalCRF(max_iter=2, n_iter=10, n_jobs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(X, y)  # compile and warm up
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            model.fit(X, y)
+            gc.collect()
+            left = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+    # one image's scratch (its stack of 10 snapshots alone) is about 0.4 MB
+    assert left < 100_000
