@@ -6,11 +6,11 @@ arrays: the snapshot stack, the potential tables, the message planes and the
 adjoints. glibc serves such allocations with fresh pages (``mmap``, and heap
 trimming gives pages back at each ``free``), so every computation faults its
 whole working set in again, and the faults of threads of one process contend
-on its memory map. Measured on 16 half-resolution horses (TRW, 20
-iterations, ``benchmarks/bench_fit.py``, 2026-12-02) with glibc kept from
-returning memory, as an upper bound of what reuse saves: one worker 0.88
-instead of 1.01 s per L-BFGS iteration; two threads 2.05x instead of 1.75x
-faster than one, Dask's threads 2.36x instead of 1.42x.
+on its memory map. Measured (2026-12-02): 8,500-9,200 page faults and 15-24
+ms of system time per 200x300 gradient (K = 2, 20 TRW iterations), none with
+this module; on 16 half-resolution horses (``benchmarks/bench_fit.py``,
+median speed-up of two workers over one within pairs of fits), Dask's
+threads 1.77x instead of 1.42x and threads 1.87x instead of 1.80x.
 
 Inside ``with workspace():`` (the per-batch functions of a fit), the
 kernels' modules take these arrays from :func:`scratch`, which reuses the
