@@ -170,7 +170,7 @@ def test_read_only_inputs():
     trw_backward(state, g, None)
 
 
-@pytest.mark.parametrize("K", [2, 3])
+@pytest.mark.parametrize("K", [2, 3, 8])
 @pytest.mark.parametrize("rho_value", [0.5, 1.0, "random"])
 def test_specialised_kernels_match_generic_kernels(rho_value, K):
     """The kernels compiled for a constant K compute what the generic build does."""
@@ -334,6 +334,7 @@ TRUNCATED_CASES = [
     ("isolated", 2, "random", 2, "log"),
     ("isolated", 3, "1", 5, "linear"),
     ("isolated", 3, "0.5", 1, "linear"),
+    ("grid3x4", 8, "random", 3, "log"),  # the largest K compiled with constant label loops
 ]
 
 
