@@ -1266,8 +1266,10 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         segment_starts=starts,
         n_fallback=int(n_fallback),
         slot_messages=M,
-        slot_powers=MP,
-        slot_inverses=IM,
+        # the grid kernels read no powers at rho 1 or 1/2 and no inverses:
+        # not kept (derived where needed, _slot_message_arrays)
+        slot_powers=None if grid_kernels is not None and mode != _RHO_GENERAL else MP,
+        slot_inverses=None if grid_kernels is not None else IM,
         edges=edges,
         unary=unary,
         pairwise=pairwise,
@@ -1473,12 +1475,10 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
         if not fixed_point:
             return _grid_backward(state, gmu_u, gmu_p)
         _slot_tables(state)  # fixed point: the slot kernels, at the messages the forward pass ended with
-    if fixed_point:  # the kernel only reads the messages
-        M, MP, IM = state.slot_messages, state.slot_powers, state.slot_inverses
-    else:  # the kernel restores them from the snapshots, step by step
-        M = scratch_copy(state.slot_messages)
-        IM = scratch_copy(state.slot_inverses)
-        MP = M if state.rho_mode == _RHO_ONE else scratch_copy(state.slot_powers)
+    M, MP, IM = _slot_message_arrays(state)
+    if not fixed_point:  # the kernel restores them from the snapshots, step by step: copies
+        M, IM = scratch_copy(M), scratch_copy(IM)
+        MP = M if state.rho_mode == _RHO_ONE else scratch_copy(MP)
     g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
     kt = state.label_token
 
@@ -1521,6 +1521,24 @@ def _slot_tables(state):
         _build_tables(state.unary, state.pairwise, state.rho, np.empty_like(state.eu), state.tabs, state.rsum)
 
 
+def _slot_message_arrays(state):
+    """The messages the forward pass ended with, their powers and inverses, in
+    the slot layout. A state of the grid kernels keeps only the messages when
+    rho is 1 or 1/2 (the kernels read neither powers nor inverses): these are
+    derived here as the kernels derive them (``sqrt(m)``, ``1 / m``, the same
+    rounding)."""
+    M = state.slot_messages
+    IM = state.slot_inverses
+    if IM is None:
+        IM = np.divide(1, M, out=scratch(M.shape, M.dtype))
+    if state.rho_mode == _RHO_ONE:
+        return M, M, IM
+    MP = state.slot_powers
+    if MP is None:
+        MP = np.sqrt(M, out=scratch(M.shape, M.dtype))
+    return M, MP, IM
+
+
 def _backward_start_of(state, gmu_u, gmu_p):
     """Steps 6 and 7: fresh ``g_u``, ``g_p`` (without the 1 / rho_c) and adjoint messages."""
     n, K = state.unary.shape
@@ -1529,7 +1547,7 @@ def _backward_start_of(state, gmu_u, gmu_p):
     g_p = scratch_full((E, K * K), 0, state.unary.dtype)
     Madj = scratch((2 * E, K), np.float64)  # float64 in both precisions: see "Numerical stability"
     Madj.fill(0.0)
-    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, state.slot_inverses,
+    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, _slot_message_arrays(state)[2],
                     state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
     return g_u, g_p, Madj
 
@@ -1541,6 +1559,8 @@ def _grid_backward(state, gmu_u, gmu_p):
     g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
     Madj = kernels.grid.to_grid(Madj, fill=0.0)
     GP_h, GP_v = kernels.split_pairwise(g_p)
+    dtype = g_p.dtype
+    del g_p  # the pairwise adjoints live in GP_h, GP_v until the end
     M = scratch_copy(state.grid_planes[0])
     P = scratch_copy(state.grid_planes[1]) if state.rho_mode == _RHO_GENERAL else M
     snapshots, powers = state.stack_buffer, state.snapshot_powers
@@ -1552,6 +1572,7 @@ def _grid_backward(state, gmu_u, gmu_p):
                             GP_h, GP_v, g_u)
 
     _reverse_stack(state, reverse)
+    g_p = scratch((E, K * K), dtype)
     kernels.join_pairwise(GP_h, GP_v, g_p)
     g_p /= state.rho[:, None]
     return g_u, g_p.reshape(E, K, K)
