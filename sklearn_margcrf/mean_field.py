@@ -77,7 +77,7 @@ from ._backnorm import backnorm
 from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, incomplete_stack, segment_plan
 from ._graph import check_n_iter, check_positive, incidence
 from ._warnings import warn_at_caller
-from ._workspace import scratch
+from ._workspace import scratch, scratch_copy, scratch_full
 from .exceptions import BackpropDivergenceError
 
 __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
@@ -182,8 +182,8 @@ class MeanFieldState:
         (node j -> n-1-j, edge e -> E-1-e), built once and cached."""
         if self._reversed_model is None:
             n = self.unary_marginals.shape[0]
-            edges_r = np.ascontiguousarray((n - 1) - self.edges[::-1])
-            pairwise_r = np.ascontiguousarray(self.pairwise[::-1])
+            edges_r = np.subtract(n - 1, self.edges[::-1], out=scratch(self.edges.shape, self.edges.dtype))
+            pairwise_r = scratch_copy(self.pairwise[::-1])
             self._reversed_model = (edges_r, pairwise_r, incidence(n, edges_r))
         return self._reversed_model
 
@@ -246,7 +246,7 @@ def _outer_kernel(edges, mu, out):
 
 
 def _outer_marginals(edges, mu):
-    out = np.empty((edges.shape[0], mu.shape[1], mu.shape[1]), dtype=mu.dtype)
+    out = scratch((edges.shape[0], mu.shape[1], mu.shape[1]), mu.dtype)
     if edges.shape[0]:
         _outer_kernel(edges, mu, out)
     return out
@@ -572,11 +572,11 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
     snapshot_bytes = n_nodes * n_states * dtype.itemsize
 
     if start is None:
-        initial = np.empty((n_nodes, n_states), dtype=dtype)
+        initial = scratch((n_nodes, n_states), dtype)
         _softmax_rows(unary, initial)
     else:
         initial = np.array(start, dtype=dtype).reshape(n_nodes, n_states)
-    mu = initial.copy()
+    mu = scratch_copy(initial)
 
     def run(n_sweeps, stop, stack_rev, save_at):
         return _mf_forward_kernel(inc.ptr, inc.edge, inc.side, edges, unary, pairwise, mu,
@@ -631,7 +631,7 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
 
 def _check_grad(grad, shape, dtype, name):
     if grad is None:
-        return np.zeros(shape, dtype=dtype)
+        return scratch_full(shape, 0, dtype)
     grad = np.ascontiguousarray(grad, dtype=dtype)
     if grad.shape != shape:
         if grad.size == 0 and int(np.prod(shape)) == 0:
@@ -705,8 +705,7 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
     n_nodes, n_states = state.unary_marginals.shape
     n_edges = edges.shape[0]
     dtype = state.unary_marginals.dtype
-    gmu = _check_grad(grad_unary_marginals, (n_nodes, n_states), dtype,
-                      "grad_unary_marginals").copy()
+    gmu = scratch_copy(_check_grad(grad_unary_marginals, (n_nodes, n_states), dtype, "grad_unary_marginals"))
     gpm = _check_grad(grad_pairwise_marginals, (n_edges, n_states, n_states), dtype,
                       "grad_pairwise_marginals")
     if mode not in ("truncated", "fixed_point"):
@@ -719,11 +718,11 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
     if n_edges:
         _fold_pairwise(edges, state.unary_marginals, gpm, gmu)
     # Work in the reversed labelling (see the comment above _mf_reverse_sweep).
-    mu_r = np.ascontiguousarray(state.unary_marginals[::-1])
-    gmu_r = np.ascontiguousarray(gmu[::-1])
+    mu_r = scratch_copy(state.unary_marginals[::-1])
+    gmu_r = scratch_copy(gmu[::-1])
     # Step 4.
-    g_unary_r = np.zeros((n_nodes, n_states), dtype=dtype)
-    g_pairwise_r = np.zeros((n_edges, n_states, n_states), dtype=dtype)
+    g_unary_r = scratch_full((n_nodes, n_states), 0, dtype)
+    g_pairwise_r = scratch_full((n_edges, n_states, n_states), 0, dtype)
 
     if mode == "truncated":
         _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r)
@@ -751,4 +750,4 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
                 f"(largest remaining adjoint {largest:.3g} >= tol {tol:.3g}); "
                 f"returning the current estimate",
                 RuntimeWarning)
-    return (np.ascontiguousarray(g_unary_r[::-1]), np.ascontiguousarray(g_pairwise_r[::-1]))
+    return scratch_copy(g_unary_r[::-1]), scratch_copy(g_pairwise_r[::-1])
