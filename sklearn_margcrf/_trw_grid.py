@@ -619,10 +619,8 @@ class GridKernels:
         """(E, K*K) edge layout -> the families' ``[a, x_i K + x_j, l]`` planes."""
         H, W, KK = self.grid.height, self.grid.width, self.K * self.K
         n_h = H * (W - 1)
-        GP_h = scratch((W - 1, KK, H), g_p.dtype)
-        GP_h[...] = g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0)
-        GP_v = scratch((H - 1, KK, W), g_p.dtype)
-        GP_v[...] = g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1)
+        GP_h = scratch_copy(g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0))
+        GP_v = scratch_copy(g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1))
         return GP_h, GP_v
 
     def join_pairwise(self, GP_h, GP_v, g_p):

@@ -138,11 +138,11 @@ message from edge ``incidence.edge[k]`` into its node, so the messages into a
 node are contiguous. The schedule is tabulated once per call (for each update:
 target slot, reverse slot, the sender's slot range and the sender), together
 with the potential tables, one per edge (the forward sweep reads edge ``c``'s
-table as it is stored, the backward sweep transposed: half the memory and the
-memory traffic of a table per update, which dominates from K = 8). Every kernel allocates its scratch space once, outside the per-message
-loop. The forward sweep runs in interleaved order for K = 2 (through an index
-array); with more labels an update does
-enough work for the processor to overlap consecutive ones by itself.
+table as it is stored, the backward sweep transposed: half the tables' memory
+of one per update). Every kernel allocates its scratch space once, outside
+the per-message loop. The forward sweep runs in interleaved order for K = 2
+(through an index array); with more labels an update does enough work for the
+processor to overlap consecutive ones by itself.
 
 On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
 iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
@@ -1476,10 +1476,10 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             return _grid_backward(state, gmu_u, gmu_p)
         _slot_tables(state)  # fixed point: the slot kernels, at the messages the forward pass ended with
     M, MP, IM = _slot_message_arrays(state)
+    g_u, g_p, Madj = _backward_start_of(state, IM, gmu_u, gmu_p)
     if not fixed_point:  # the kernel restores them from the snapshots, step by step: copies
         M, IM = scratch_copy(M), scratch_copy(IM)
         MP = M if state.rho_mode == _RHO_ONE else scratch_copy(MP)
-    g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
     kt = state.label_token
 
     def reverse(slots, snapshots, snapshot_powers, sweeps=0):
@@ -1528,9 +1528,7 @@ def _slot_message_arrays(state):
     derived here as the kernels derive them (``sqrt(m)``, ``1 / m``, the same
     rounding)."""
     M = state.slot_messages
-    IM = state.slot_inverses
-    if IM is None:
-        IM = np.divide(1, M, out=scratch(M.shape, M.dtype))
+    IM = _slot_inverses(state)
     if state.rho_mode == _RHO_ONE:
         return M, M, IM
     MP = state.slot_powers
@@ -1539,15 +1537,24 @@ def _slot_message_arrays(state):
     return M, MP, IM
 
 
-def _backward_start_of(state, gmu_u, gmu_p):
-    """Steps 6 and 7: fresh ``g_u``, ``g_p`` (without the 1 / rho_c) and adjoint messages."""
+def _slot_inverses(state):
+    """``1 / m`` of the messages the forward pass ended with (slot layout):
+    kept by states of the slot kernels, derived for those of the grid kernels."""
+    if state.slot_inverses is not None:
+        return state.slot_inverses
+    M = state.slot_messages
+    return np.divide(1, M, out=scratch(M.shape, M.dtype))
+
+
+def _backward_start_of(state, IM, gmu_u, gmu_p):
+    """Steps 6 and 7: fresh ``g_u``, ``g_p`` (without the 1 / rho_c) and
+    adjoint messages, from the inverses ``IM`` of the final messages."""
     n, K = state.unary.shape
     E = state.edges.shape[0]
     g_u = scratch_full((n, K), 0, state.unary.dtype)
     g_p = scratch_full((E, K * K), 0, state.unary.dtype)
-    Madj = scratch((2 * E, K), np.float64)  # float64 in both precisions: see "Numerical stability"
-    Madj.fill(0.0)
-    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, _slot_message_arrays(state)[2],
+    Madj = scratch_full((2 * E, K), 0, np.float64)  # float64 in both precisions: see "Numerical stability"
+    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, IM,
                     state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
     return g_u, g_p, Madj
 
@@ -1556,7 +1563,7 @@ def _grid_backward(state, gmu_u, gmu_p):
     """Truncated back TRW with the grid kernels (the slot path's steps, on the planes)."""
     kernels = state.grid_kernels
     E, K = state.pairwise.shape[:2]
-    g_u, g_p, Madj = _backward_start_of(state, gmu_u, gmu_p)
+    g_u, g_p, Madj = _backward_start_of(state, _slot_inverses(state), gmu_u, gmu_p)
     Madj = kernels.grid.to_grid(Madj, fill=0.0)
     GP_h, GP_v = kernels.split_pairwise(g_p)
     dtype = g_p.dtype
