@@ -160,12 +160,10 @@ def _copy_slots(slot_array, slot_pos, H, W, flat, to_planes):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def build_grid_tables(pairwise, rho, H, W, T_h, T_v, RS_h, RS_v):
+def build_grid_tables(pairwise, rho, H, W, T_h, T_v):
     """The tables of :func:`sklearn_margcrf.trw._build_tables` per family,
     ``T[a, x_i, x_j, l]`` for the edge from ``(a, l)`` to ``(a + 1, l)``, once
-    per edge (each sweep reads it in its orientation), and their sums over the
-    receiver's label: ``RS[0]`` for the forward sweep, ``RS[1]`` for the
-    backward one."""
+    per edge (each sweep reads it in its orientation)."""
     K = pairwise.shape[1]
     n_h = H * (W - 1)
     for c in range(pairwise.shape[0]):
@@ -182,17 +180,23 @@ def build_grid_tables(pairwise, rho, H, W, T_h, T_v, RS_h, RS_v):
         for xi in range(K):
             for xj in range(K):
                 T[a, xi, xj, l] = math.exp((pairwise[c, xi, xj] - top) * inv_rho)
-    for T, RS in ((T_h, RS_h), (T_v, RS_v)):
-        for a in range(T.shape[0]):
-            for l in range(T.shape[3]):
-                for x in range(K):
-                    forward = T[a, x, 0, l]
-                    backward = T[a, 0, x, l]
-                    for y in range(1, K):
-                        forward += T[a, x, y, l]
-                        backward += T[a, y, x, l]
-                    RS[a, 0, x, l] = forward
-                    RS[a, 1, x, l] = backward
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _table_row_sum(K, backward, T, a, x, l):
+    """The sum of edge ``(a, l)``'s table over the receiver's label, sender
+    label ``x``, as ``trw._build_tables`` sums its rows (the same order, so
+    the same rounding): computed where read instead of stored (one array of
+    2 E K values less at the peak of a backward pass)."""
+    if backward:
+        s = T[a, 0, x, l]
+        for y in range(1, K):
+            s += T[a, y, x, l]
+    else:
+        s = T[a, x, 0, l]
+        for y in range(1, K):
+            s += T[a, x, y, l]
+    return s
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -359,7 +363,7 @@ def _plane_rho(rho_mode, RHO, p, i, j, half, one):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T, RS,
+def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T,
                    RHOo, RHOx, rho_token, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
                    scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
@@ -386,7 +390,6 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
     held = adjoint_held[:Lw * K * A].reshape((Lw, K, A))
     pt = _AFTER if backward else _BEFORE
     pr = _BEFORE if backward else _AFTER
-    d = 1 if backward else 0
     for step in range(A - 1):
         a = step if backward else A - 2 - step
         snd = a + 1 if backward else a
@@ -403,10 +406,10 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
         # (a) s = tab * A(x_u), and its sum Z
         _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode)
         for l in range(Lw):
-            z[l] = cav[0, l] * RS[a, d, 0, l]
+            z[l] = cav[0, l] * _table_row_sum(K, backward, T, a, 0, l)
         for x in range(1, K):
             for l in range(Lw):
-                z[l] += cav[x, l] * RS[a, d, x, l]
+                z[l] += cav[x, l] * _table_row_sum(K, backward, T, a, x, l)
         n_bad = 0
         for l in range(Lw):
             if z[l] > tiny and z[l] < huge:
@@ -490,7 +493,7 @@ def grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, ge
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, RS_h, RS_v, rho_h, rho_v,
+def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, rho_h, rho_v,
                        rho_token, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
                        slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
@@ -505,16 +508,16 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h,
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, True, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, RS_v, rho_v, rho_h, rho_token,
+    _reverse_phase(kt, False, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, RS_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
 
@@ -567,9 +570,7 @@ class GridKernels:
         self.eu_v = scratch_copy(node_planes.transpose(0, 2, 1))  # [r, x, c]
         self.T_h = scratch((W - 1, K, K, H), dtype)
         self.T_v = scratch((H - 1, K, K, W), dtype)
-        self.RS_h = scratch((W - 1, 2, K, H), dtype)
-        self.RS_v = scratch((H - 1, 2, K, W), dtype)
-        build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v, self.RS_h, self.RS_v)
+        build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v)
         # the rho of each message, [c, p, r] and [r, p, c] (absent neighbours: 1)
         n_h = H * (W - 1)
         self.rho_h = scratch_full((W, 2, H), 1, dtype)
@@ -604,7 +605,7 @@ class GridKernels:
         g = self.grid
         grid_reverse_sweep(
             self.kt, g.height, g.width, restore, M, P, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
-            self.T_v, self.RS_h, self.RS_v, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
+            self.T_v, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
             g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
             self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,
         )
@@ -626,5 +627,6 @@ class GridKernels:
     def join_pairwise(self, GP_h, GP_v, g_p):
         H, W, KK = self.grid.height, self.grid.width, self.K * self.K
         n_h = H * (W - 1)
-        g_p[:n_h] = GP_h.transpose(2, 0, 1).reshape(-1, KK)
-        g_p[n_h:] = GP_v.transpose(0, 2, 1).reshape(-1, KK)
+        # into views of g_p: no temporary copies
+        g_p[:n_h].reshape(H, W - 1, KK)[...] = GP_h.transpose(2, 0, 1)
+        g_p[n_h:].reshape(H - 1, W, KK)[...] = GP_v.transpose(0, 2, 1)

@@ -473,10 +473,11 @@ class MarginalCRF(BaseEstimator):
         products with the features and L-BFGS stay in float64.
     checkpoints : int >= 1 or None, default=None
         Memory of truncated fitting: keep this many snapshots of the
-        messages per image and recompute the iterations between them in the
-        backward pass (the gradient is unchanged; at most one more forward
-        pass). None keeps every iteration while one image's snapshots fit
-        1 GiB. See :func:`~sklearn_margcrf.loss_and_grad`.
+        messages per image (and one work slot) and recompute the others in
+        the backward pass (the gradient is unchanged; binomial
+        checkpointing, e.g. 267 recomputed iterations for ``n_iter=200`` and
+        14 snapshots). None keeps every iteration while one image's
+        snapshots fit 1 GiB. See :func:`~sklearn_margcrf.loss_and_grad`.
     inference_warm_start : "auto" or bool, default="auto"
         Start each image's inference in an L-BFGS evaluation from where it
         ended at the previous evaluation of the same fit stage (the first

@@ -503,14 +503,15 @@ def loss_and_grad(
         about 2.5e-5; a smaller step rounds away).
     checkpoints : int >= 1 or None, default=None
         Memory of truncated fitting (and of the back-propagation fallback):
-        the forward pass keeps only this many snapshots of the messages and
-        the backward pass recomputes the iterations between them
-        (checkpointed reverse mode; the gradient is the same to rounding).
-        About ``sqrt(2 * n_iter)`` snapshots are the fewest that help; the
-        extra cost is at most one more forward pass. None keeps one snapshot
-        per iteration while they fit
-        ``sklearn_margcrf._checkpoints.STACK_MEMORY_BUDGET`` (1 GiB) and as
-        many as fit otherwise.
+        the forward pass keeps only this many snapshots of the messages (in
+        a buffer with one more, work slot) and the backward pass recomputes
+        the others from them (checkpointed reverse mode, with the optimal
+        binomial schedule; the gradient is the same bit for bit). The extra
+        cost in recomputed iterations: ``n_iter (n_iter - 1) / 2`` with one
+        snapshot, 267 for ``n_iter=200`` with 14, 179 with 21, 1,475 for
+        ``n_iter=1000`` with 30. None keeps one snapshot per iteration while
+        they fit ``sklearn_margcrf._checkpoints.STACK_MEMORY_BUDGET`` (1 GiB)
+        and as many as fit otherwise.
     node_weight : array-like of shape (n,) or None, default=None
         Non-negative weight of each node's term of the loss: the loss is
         ``sum_i node_weight[i] * L_i`` (an edge term of ``clique_logistic``

@@ -55,10 +55,9 @@ iteration snapshots ``stack[t] = mu before iteration t`` of shape
 
 With ``checkpoints = s < n_iter`` (or ``checkpoints=None`` when the full
 stack exceeds ``STACK_MEMORY_BUDGET``) the forward pass keeps only ``s``
-snapshots, at the starts of ``s`` segments of iterations, in one buffer of
-``B(s)`` slots (``sklearn_margcrf._checkpoints``); the backward pass reverses the segments
-last to first, recomputing each segment's missing snapshots from its first
-one into the slots after it. The recomputed iterations are the same
+snapshots, and the backward pass recomputes the others from them as
+binomial checkpointing plans (``sklearn_margcrf._checkpoints``: one buffer of
+``s`` slots and a work slot). The recomputed iterations are the same
 floating-point operations as the forward ones, so the gradient equals the
 full-stack gradient bit for bit.
 
@@ -74,7 +73,7 @@ import numpy as np
 from numba import njit
 
 from ._backnorm import backnorm
-from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, incomplete_stack, segment_plan
+from ._checkpoints import STACK_MEMORY_BUDGET, check_checkpoints, checkpoint_plan, incomplete_stack
 from ._graph import check_n_iter, check_positive, incidence
 from ._warnings import warn_at_caller
 from ._workspace import scratch, scratch_copy, scratch_full
@@ -107,17 +106,17 @@ class MeanFieldState:
         snapshots, which are kept with the node axis reversed for the backward.
         Complete only without checkpointing: when the forward kept fewer
         snapshots than iterations (``checkpointed``), accessing it raises
-        ``ValueError``; the kept ones are ``stack_buffer[k, ::-1]`` for the
-        iterations ``segment_starts[k]``.
-    segment_starts : (s,) int64 or None
-        With ``keep_stack=True``: the iterations whose starting marginals the
-        forward kept, snapshot ``k`` before iteration ``segment_starts[k]``
-        (``arange(n_iter)`` without checkpointing).
+        ``ValueError``; the marginals before iteration ``t`` of
+        ``checkpoint_plan.kept_iterations`` are
+        ``stack_buffer[checkpoint_plan.forward_slots[t], ::-1]``.
+    checkpoint_plan : :class:`~sklearn_margcrf._checkpoints.CheckpointPlan` or None
+        With ``keep_stack=True`` (and at least one iteration): where the
+        forward kept its snapshots and how the backward recomputes the others.
     stack_buffer : (n_slots, n, K) or None
-        The one buffer holding the snapshots (node axis reversed), snapshot
-        ``k`` in slot ``k``; with checkpointing it has
-        ``_checkpoints.buffer_slots(n_iter, s)`` slots, the later ones being
-        the backward pass's room for recomputed snapshots.
+        The one buffer holding the snapshots (node axis reversed), the
+        marginals before iteration ``t`` in slot ``t`` without checkpointing;
+        with checkpointing ``s`` slots of kept snapshots (the backward pass
+        recomputes others into those it frees) and a work slot.
     checkpointed : bool
         Whether the forward kept fewer snapshots than iterations.
     edges, unary, pairwise :
@@ -129,7 +128,7 @@ class MeanFieldState:
     """
 
     def __init__(self, edges, unary, pairwise, inc, unary_marginals, initial_marginals,
-                 n_iter, converged, last_change, stack_rev, segment_starts, tol):
+                 n_iter, converged, last_change, stack_rev, plan, tol):
         self.edges = edges
         self.unary = unary
         self.pairwise = pairwise
@@ -141,15 +140,15 @@ class MeanFieldState:
         self.last_change = float(last_change)
         self.tol = float(tol)
         self._stack_rev = stack_rev  # (n_slots, n, K), node axis reversed
-        self.segment_starts = segment_starts
-        # whether a checkpointed backward has overwritten snapshots 1.. with recomputed ones
+        self.checkpoint_plan = plan
+        # whether a checkpointed backward has overwritten snapshots with recomputed ones
         self._buffer_reused = False
         self._pairwise_marginals = None
         self._reversed_model = None
 
     @property
     def checkpointed(self):
-        return self.segment_starts is not None and self.segment_starts.shape[0] < self.n_iter
+        return self.checkpoint_plan is not None and self.checkpoint_plan.checkpointed
 
     @property
     def stack_buffer(self):
@@ -161,7 +160,7 @@ class MeanFieldState:
         if self._stack_rev is None:
             return None
         if self.checkpointed:
-            raise incomplete_stack(self.segment_starts.shape[0], self.n_iter, "mean_field_forward")
+            raise incomplete_stack(self.checkpoint_plan.n_snapshots, self.n_iter, "mean_field_forward")
         return self._stack_rev[:, ::-1, :]
 
     @property
@@ -170,12 +169,12 @@ class MeanFieldState:
             self._pairwise_marginals = _outer_marginals(self.edges, self.unary_marginals)
         return self._pairwise_marginals
 
-    def _sweeps(self, mu, n_sweeps, stack_rev, save_at):
+    def _sweeps(self, mu, n_sweeps, save_slot):
         """Recompute ``n_sweeps`` forward iterations of this model from ``mu``
-        (in place), keeping the snapshots ``save_at`` in ``stack_rev``."""
+        (in place), keeping the snapshots of ``save_slot`` in the buffer."""
         inc = self.incidence
         _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self.edges, self.unary, self.pairwise,
-                           mu, n_sweeps, self.tol, False, stack_rev, save_at)
+                           mu, n_sweeps, self.tol, False, self._stack_rev, save_slot)
 
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
@@ -195,7 +194,7 @@ class MeanFieldState:
         if self._stack_rev is None:
             stack = "no"
         elif self.checkpointed:
-            stack = f"{self.segment_starts.shape[0]} checkpoints"
+            stack = f"{self.checkpoint_plan.n_snapshots} checkpoints"
         else:
             stack = "yes"
         return (f"MeanFieldState(n_nodes={self.unary_marginals.shape[0]}, "
@@ -309,30 +308,29 @@ def _push_snapshot(mu, stack_rev, slot):
 
 @njit(cache=True, nogil=True)
 def _mf_forward_kernel(ptr, inc_edge, inc_side, edges, unary, pairwise, mu,
-                       n_sweeps, tol, stop_on_tol, stack_rev, save_at):
+                       n_sweeps, tol, stop_on_tol, stack_rev, save_slot):
     """Run up to ``n_sweeps`` sequential mean-field iterations on ``mu`` in place.
 
     Algorithm "Back Mean Field", step 2: for every iteration t and node
     j = 0..n-1, (a) push mu_j and (b) recompute mu_j from theta and the
     current neighbour marginals. The pushes of one iteration are kept as one
-    snapshot of the marginals at its start, and only for the iterations
-    listed in ``save_at`` (increasing; the value ``n_sweeps`` means the
-    marginals after the last iteration): snapshot ``s`` goes to
-    ``stack_rev[s]``, in reversed node order ``stack_rev[s, n-1-j] = mu_j`` so
-    that the reverse sweeps of the backward read it forwards in memory.
+    snapshot of the marginals at its start, and only where ``save_slot[t] >=
+    0`` (``save_slot``: ``n_sweeps + 1`` entries, the last for the marginals
+    after the last iteration run, or none): it goes to
+    ``stack_rev[save_slot[t]]``, in reversed node order ``stack_rev[s, n-1-j]
+    = mu_j`` so that the reverse sweeps of the backward read it forwards in
+    memory.
 
     Returns (iterations run, largest |change| of a marginal in the last one).
     """
     n, k_states = mu.shape
     field = np.empty(k_states, dtype=mu.dtype)
     change = mu.dtype.type(np.inf)
-    n_saves = save_at.shape[0]
-    saved = 0
+    keep = save_slot.shape[0] > 0
     done = 0
     for t in range(n_sweeps):
-        if saved < n_saves and save_at[saved] == t:
-            _push_snapshot(mu, stack_rev, saved)
-            saved += 1
+        if keep and save_slot[t] >= 0:
+            _push_snapshot(mu, stack_rev, save_slot[t])
         change = mu.dtype.type(0)
         if k_states == 2:  # the same body, unrolled for K = 2
             for j in range(n):
@@ -348,8 +346,8 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, edges, unary, pairwise, mu,
         done = t + 1
         if stop_on_tol and change < tol:
             break
-    if saved < n_saves and save_at[saved] == done:
-        _push_snapshot(mu, stack_rev, saved)
+    if keep and save_slot[done] >= 0:
+        _push_snapshot(mu, stack_rev, save_slot[done])
     return done, change
 
 
@@ -509,8 +507,9 @@ def _compute_dtype(unary):
     return np.dtype(np.float32) if np.asarray(unary).dtype == np.float32 else np.dtype(np.float64)
 
 
-def _saves(n):
-    return np.arange(n, dtype=np.int64)
+def _saves(slots, last=-1):
+    """``save_slot`` of :func:`_mf_forward_kernel`: ``slots[t]`` before iteration ``t``, ``last`` after them."""
+    return np.append(np.asarray(slots, np.int64), np.int64(last))
 
 
 def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1000,
@@ -535,9 +534,8 @@ def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1
         Keep the per-iteration snapshots needed by
         ``mean_field_backward(mode="truncated")``.
     checkpoints : int >= 1 or None
-        With ``keep_stack``: keep only this many snapshots (at the starts of
-        as many segments of iterations, see ``sklearn_margcrf._checkpoints``); the
-        backward pass recomputes the others. ``None`` keeps every iteration
+        With ``keep_stack``: keep only this many snapshots (see
+        ``sklearn_margcrf._checkpoints``); the backward pass recomputes the others. ``None`` keeps every iteration
         while that fits ``STACK_MEMORY_BUDGET`` and as many as fit otherwise.
         With ``n_iter=None`` and fewer snapshots than iterations, the forward
         pass runs twice (to find the number of iterations, then to keep the
@@ -583,23 +581,23 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
                                   n_sweeps, tol, stop, stack_rev, save_at)
 
     no_stack = np.empty((0, n_nodes, n_states), dtype=dtype)
-    no_saves = _saves(0)
+    no_saves = np.empty(0, np.int64)
 
     def run_planned(n_sweeps):
         """``n_sweeps`` iterations from ``mu``, keeping the snapshots that
-        ``segment_plan`` chooses: (stack, starts, done, change)."""
+        ``checkpoint_plan`` chooses: (stack, plan, done, change)."""
         if n_sweeps == 0:
-            return no_stack, no_saves, 0, np.inf
-        n_slots, starts = segment_plan(n_sweeps, checkpoints, snapshot_bytes, budget)
-        stack = scratch((n_slots, n_nodes, n_states), dtype)
-        return (stack, starts) + run(n_sweeps, False, stack, starts)
+            return no_stack, None, 0, np.inf
+        plan = checkpoint_plan(n_sweeps, checkpoints, snapshot_bytes, budget)
+        stack = scratch((plan.n_slots, n_nodes, n_states), dtype)
+        return (stack, plan) + run(n_sweeps, False, stack, _saves(plan.forward_slots))
 
-    stack = starts = None
+    stack = plan = None
     if not keep_stack:
         done, change = run(max_iter if n_iter is None else n_iter, n_iter is None, no_stack,
                            no_saves)
     elif n_iter is not None:
-        stack, starts, done, change = run_planned(n_iter)
+        stack, plan, done, change = run_planned(n_iter)
     else:
         # Unknown length: run in growing chunks, each with its own snapshots,
         # while every snapshot is to be kept and fits the budget ...
@@ -609,7 +607,7 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
             if (done + size) * snapshot_bytes > budget:
                 break
             buf = np.empty((size, n_nodes, n_states), dtype=dtype)
-            ran, change = run(size, True, buf, _saves(size))
+            ran, change = run(size, True, buf, _saves(np.arange(size)))
             chunks.append(buf[:ran])
             done += ran
             if change < tol:
@@ -617,16 +615,16 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
             chunk *= 2
         if done == max_iter or change < tol:
             stack = np.concatenate(chunks, axis=0) if chunks else no_stack
-            starts = _saves(done)
+            plan = checkpoint_plan(done, done, snapshot_bytes) if done else None
         else:
             # ... otherwise find the length first, then keep the planned snapshots.
             del chunks
             ran, change = run(max_iter - done, True, no_stack, no_saves)
             mu[...] = initial
-            stack, starts, done, change = run_planned(done + ran)
+            stack, plan, done, change = run_planned(done + ran)
     converged = bool(change < tol)
     return MeanFieldState(edges, unary, pairwise, inc, mu, initial, done, converged, change,
-                          stack, starts, tol)
+                          stack, plan, tol)
 
 
 def _check_grad(grad, shape, dtype, name):
@@ -642,23 +640,27 @@ def _check_grad(grad, shape, dtype, name):
 
 def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
     """Algorithm "Back Mean Field", step 5 over all ``state.n_iter`` iterations
-    and the initialisation, segment by segment (reversed labelling, in place)."""
+    and the initialisation, in the order of the state's checkpoint plan,
+    recomputing the snapshots it did not keep (reversed labelling, in place)."""
     edges_r, pairwise_r, inc_r = state._reversed()
-    buffer, n_iter, recompute = state._stack_rev, state.n_iter, state.checkpointed
-    if recompute:
-        if state._buffer_reused:  # a previous backward overwrote snapshots 1..: plan them again
-            state._sweeps(state.initial_marginals.copy(), n_iter, buffer, state.segment_starts)
+    buffer, plan = state._stack_rev, state.checkpoint_plan
+    if plan is not None and plan.checkpointed:
+        if state._buffer_reused:  # a previous backward wrote over snapshots: keep them again
+            state._sweeps(scratch_copy(state.initial_marginals), state.n_iter, _saves(plan.forward_slots))
         state._buffer_reused = True
-        segments = list(enumerate(np.diff(state.segment_starts, append=n_iter)))
-    else:
-        segments = [(0, n_iter)] if n_iter else []
-    for k, length in reversed(segments):
-        if recompute and length > 1:
-            # the segment's missing snapshots, from its first one, into slots k+1..k+length-1
-            mu = np.ascontiguousarray(buffer[k, ::-1])
-            state._sweeps(mu, length - 1, buffer[k + 1:k + length], _saves(length)[1:])
-        _mf_reverse_segment(inc_r.ptr, inc_r.edge, inc_r.side, edges_r, pairwise_r, mu_r, gmu_r,
-                            g_unary_r, g_pairwise_r, buffer[k:k + length], length)
+        work = scratch(state.initial_marginals.shape, buffer.dtype)  # the work slot's marginals, in order
+    for step in plan.steps if plan is not None else ():
+        if step[0] == "advance":
+            _, load, n_sweeps, store = step
+            if load >= 0:
+                work[...] = buffer[load, ::-1]
+            state._sweeps(work, n_sweeps, _saves(np.full(n_sweeps, -1), plan.work_slot if store < 0 else store))
+        else:
+            slots = step[1]
+            # runs of consecutive slots, last first, in one call each
+            for run in np.split(slots, np.flatnonzero(np.diff(slots) != -1) + 1):
+                _mf_reverse_segment(inc_r.ptr, inc_r.edge, inc_r.side, edges_r, pairwise_r, mu_r, gmu_r,
+                                    g_unary_r, g_pairwise_r, buffer[run[-1]:run[0] + 1], run.shape[0])
     _mf_backward_initialisation(mu_r, gmu_r, g_unary_r)
 
 
@@ -678,7 +680,7 @@ def mean_field_backward(state, grad_unary_marginals, grad_pairwise_marginals, mo
         ``state.n_iter`` iterations from ``softmax(unary)`` (Algorithm "Back
         Mean Field"; the forward must have used ``keep_stack=True`` unless
         ``n_iter == 0``). With checkpoints the missing snapshots are
-        recomputed, segment by segment, into the state's buffer (a second
+        recomputed into the state's buffer (a second
         backward on the same state first re-runs the forward pass to restore
         the planned snapshots; so two threads must not run truncated
         backward passes of one checkpointed state at the same time). ``"fixed_point"``: gradient of the loss at

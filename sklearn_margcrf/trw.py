@@ -154,9 +154,9 @@ nor of powers for rho = 1/2 (computed where read, with the same rounding),
 they also keep less in memory.
 
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
-some snapshots, and ``trw_backward`` recomputes each segment of iterations
-from its first snapshot, in the same order and with the same arithmetic, so
-the gradient is bitwise that of the full stack (``sklearn_margcrf._checkpoints``).
+some snapshots, and ``trw_backward`` recomputes the others from them
+(binomial checkpointing, ``sklearn_margcrf._checkpoints``), in the same order
+and with the same arithmetic, so the gradient is bitwise that of the full stack.
 """
 
 import math
@@ -166,7 +166,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ._backnorm import backnorm, backnorm_ratio
-from ._checkpoints import check_checkpoints, incomplete_stack, segment_plan
+from ._checkpoints import check_checkpoints, checkpoint_plan, incomplete_stack
 from ._graph import incidence, model_dtype
 from ._warnings import warn_at_caller
 from ._workspace import scratch, scratch_copy, scratch_full
@@ -796,20 +796,19 @@ def _trw_forward_kernel(
 
 
 @njit(cache=True, nogil=True)
-def _recompute_segment_kernel(
-    kt, first, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side,
-    rho_slot, stack, stack_pow, M, MP, IM,
+def _sweeps_kernel(
+    kt, n_sweeps, sched, order, tabs, eu, rho_sched, rho_mode, unary, pairwise, slot_edge, slot_side, rho_slot,
+    M, MP, IM,
 ):
-    """:func:`_recompute_segment` with the slot kernels, from ``M``, ``MP``,
-    ``IM`` (the messages of ``stack[first]``, updated in place)."""
+    """``n_sweeps`` iterations in place on ``M``, ``MP``, ``IM`` (checkpointed
+    reverse mode recomputing the forward pass's iterations)."""
     K = eu.shape[1]
     cav = np.empty(K, eu.dtype)
     out = np.empty(K, eu.dtype)
     q = np.empty((K, K), eu.dtype)
-    for j in range(n_sweeps):
+    for _ in range(n_sweeps):
         _sweep(kt, order, sched, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side,
                rho_slot, cav, out, q)
-        _push(stack, stack_pow, first + 1 + j, M, MP)
 
 
 @njit(cache=True, nogil=True)
@@ -927,10 +926,13 @@ class TRWState:
         snapshots than iterations (``checkpointed``) accessing it raises
         ValueError
     stack_buffer : (n_slots, 2E, K) ndarray or None, the one buffer of kept
-        snapshots (``keep_stack=True``): snapshot ``k``, the messages before
-        iteration ``segment_starts[k]``, in slot ``k``; with checkpointing the
-        later slots are the backward pass's room for recomputed snapshots
-    segment_starts : (s,) int64 or None
+        snapshots (``keep_stack=True``): the messages before iteration ``t``
+        in slot ``checkpoint_plan.forward_slots[t]`` (slot ``t`` without
+        checkpointing); with checkpointing the backward pass recomputes the
+        others into the slots it frees and into the last, the work slot
+    checkpoint_plan : :class:`~sklearn_margcrf._checkpoints.CheckpointPlan` or
+        None, where the snapshots are kept (``kept_iterations``) and how the
+        backward recomputes the others
     checkpointed : bool, whether fewer snapshots than iterations were kept
     n_fallback : int, how many messages / marginals needed the log-domain path
 
@@ -945,20 +947,27 @@ class TRWState:
         return self.slot_messages[self.slot_of]
 
     @property
+    def slot_messages(self):
+        """(2E, K) the final messages in the slot layout (a new array for a state of the grid kernels)."""
+        if self._slot_messages is None:
+            return self.grid_kernels.grid.to_slots(self.grid_planes[0])
+        return self._slot_messages
+
+    @property
     def checkpointed(self):
-        return self.segment_starts is not None and len(self.segment_starts) < self.n_iter
+        return self.checkpoint_plan is not None and self.checkpoint_plan.checkpointed
 
     @property
     def stack(self):
         if self.stack_buffer is None:
             return None
         if self.checkpointed:
-            raise incomplete_stack(len(self.segment_starts), self.n_iter, "trw_forward")
+            raise incomplete_stack(self.checkpoint_plan.n_snapshots, self.n_iter, "trw_forward")
         return self.stack_buffer
 
     def __repr__(self):
         n, K = self.unary_marginals.shape
-        kept = "no" if self.stack_buffer is None else f"{len(self.segment_starts)} of {self.n_iter}"
+        kept = "no" if self.stack_buffer is None else f"{self.checkpoint_plan.n_snapshots} of {self.n_iter}"
         return (
             f"TRWState(n_nodes={n}, n_edges={self.edges.shape[0]}, K={K}, dtype={self.unary.dtype}, "
             f"n_iter={self.n_iter}, converged={self.converged}, snapshots={kept})"
@@ -971,7 +980,9 @@ def floored_message_entries(state):
     than about ``690 rho`` (float64; ``85 rho`` in float32), a message entry
     the floor replaced may have been needed, and the marginals can then be off
     (see "Numerical stability" above)."""
-    return int(np.count_nonzero(state.slot_messages <= _limits(state.slot_messages.dtype)[0]))
+    # the planes of the grid kernels hold the same entries, and 1 where a neighbour is absent
+    messages = state.slot_messages if state.grid_planes is None else state.grid_planes[0]
+    return int(np.count_nonzero(messages <= _limits(messages.dtype)[0]))
 
 
 def _writable(array, dtype):
@@ -1230,18 +1241,19 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
 
         grid_kernels = GridKernels(*shape, kt, unary, pairwise, rho, eu, rho_slot, mode, slot_edge, slot_side,
                                    slot_of, ptr)
+        slot_edge = slot_side = None  # the grid kernels need them no more (memory: 2 of 2E int64)
     # one snapshot: the slot layout, or the planes' (flat) for the grid kernels
     snapshot_shape = (2 * E, K) if grid_kernels is None else (grid_kernels.grid.size,)
     snapshots = stack_pow = np.empty((0, *snapshot_shape), dtype)
     push_slot = np.empty(0, np.int64)
-    starts = None
+    plan = None
     if keep_stack and n_iter > 0:
         snapshot_bytes = 2 * E * K * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
-        n_slots, starts = segment_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
-        snapshots = scratch((n_slots, *snapshot_shape), dtype)
+        plan = checkpoint_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
+        snapshots = scratch((plan.n_slots, *snapshot_shape), dtype)
         if mode == _RHO_GENERAL:
-            stack_pow = scratch((n_slots, *snapshot_shape), dtype)
-        push_slot = _push_slots(n_iter, starts)
+            stack_pow = scratch((plan.n_slots, *snapshot_shape), dtype)
+        push_slot = plan.forward_slots
     mu_u = scratch((n, K), dtype)
     mu_p = scratch((E, K * K), dtype)
     if grid_kernels is None:
@@ -1260,15 +1272,16 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         pairwise_marginals=mu_p.reshape(E, K, K),
         n_iter=int(it),
         converged=bool(converged),
-        stack_buffer=snapshots if starts is not None else None,
+        stack_buffer=snapshots if plan is not None else None,
         snapshot_powers=stack_pow,
         buffer_reused=False,
-        segment_starts=starts,
+        checkpoint_plan=plan,
         n_fallback=int(n_fallback),
-        slot_messages=M,
-        # the grid kernels read no powers at rho 1 or 1/2 and no inverses:
-        # not kept (derived where needed, _slot_message_arrays)
-        slot_powers=None if grid_kernels is not None and mode != _RHO_GENERAL else MP,
+        # a state of the grid kernels keeps its messages (and powers) only in
+        # their planes, and no inverses: derived where needed (slot_messages,
+        # _slot_message_arrays)
+        _slot_messages=None if grid_kernels is not None else M,
+        slot_powers=None if grid_kernels is not None else MP,
         slot_inverses=None if grid_kernels is not None else IM,
         edges=edges,
         unary=unary,
@@ -1336,36 +1349,11 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     return planes, n_iter, converged, n_fallback
 
 
-def _push_slots(n_iter, starts):
-    """For each iteration, the buffer slot that keeps the messages it starts
-    from (snapshot ``k`` before iteration ``starts[k]``), or -1."""
-    push_slot = np.full(n_iter, -1, np.int64)
-    push_slot[starts] = np.arange(len(starts))
-    return push_slot
-
-
-def _snapshot_messages(state, slot):
-    """Messages, powers and inverses from snapshot ``slot`` (slot layout or
-    planes), derived as the forward pass derived them, so that recomputed
-    iterations match bit for bit. The grid kernels read neither inverses
-    (None) nor, for rho = 1/2, powers: they compute them where they read them."""
-    M = scratch_copy(state.stack_buffer[slot])
-    grid = state.grid_kernels is not None
-    IM = None if grid else np.divide(1, M, dtype=M.dtype)
-    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and grid):
-        MP = M
-    elif state.rho_mode == _RHO_HALF:
-        MP = np.sqrt(M)
-    else:
-        MP = scratch_copy(state.snapshot_powers[slot])
-    return M, MP, IM
-
-
 def _keep_checkpoints(state):
     """Rerun the forward iterations from the first snapshot (the initial
     messages, never overwritten), keeping the checkpoints in their slots."""
-    M, MP, IM = _snapshot_messages(state, 0)
-    push_slot = _push_slots(state.n_iter, state.segment_starts)
+    push_slot = state.checkpoint_plan.forward_slots
+    M, MP, IM = _work_arrays(state, 0)
     if state.grid_kernels is not None:
         state.grid_kernels.run(M, MP, state.n_iter, push_slot, state.stack_buffer, state.snapshot_powers)
         return
@@ -1378,43 +1366,65 @@ def _keep_checkpoints(state):
     )
 
 
-def _recompute_segment(state, first, n_sweeps):
-    """Checkpointed reverse mode: from the messages kept in snapshot
-    ``first``, rerun ``n_sweeps`` iterations exactly as the forward pass ran
-    them, keeping the messages each starts from in snapshot ``first + 1 + j``."""
-    M, MP, IM = _snapshot_messages(state, first)
-    push = np.arange(first, first + n_sweeps + 1)  # iteration j starts from snapshot first + j
-    push[0] = -1
+def _work_arrays(state, load):
+    """``(M, MP, IM)`` to rerun iterations in place in the work slot, from
+    snapshot ``load`` (-1: what the work slot holds), with the powers and
+    inverses derived as the forward pass derived them, so that recomputed
+    iterations match bit for bit. The grid kernels read neither inverses
+    (None) nor, for rho = 1/2, powers: they compute them where they read them."""
+    work = state.checkpoint_plan.work_slot
+    stack, powers = state.stack_buffer, state.snapshot_powers
+    if load >= 0:
+        stack[work] = stack[load]
+        if powers.shape[0]:
+            powers[work] = powers[load]
+    M = stack[work]
+    grid = state.grid_kernels is not None
+    IM = None if grid else np.divide(1, M, out=scratch(M.shape, M.dtype))
+    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and grid):
+        MP = M
+    elif state.rho_mode == _RHO_HALF:
+        MP = np.sqrt(M, out=scratch(M.shape, M.dtype))
+    else:
+        MP = powers[work]
+    return M, MP, IM
+
+
+def _advance(state, load, n_sweeps, store):
+    """Checkpointed reverse mode, a plan's ``("advance", load, n_sweeps,
+    store)``: rerun ``n_sweeps`` iterations exactly as the forward pass ran
+    them, in place in the work slot (from snapshot ``load`` unless -1), and
+    keep the result in slot ``store`` too unless -1."""
+    M, MP, IM = _work_arrays(state, load)
     if state.grid_kernels is not None:
-        state.grid_kernels.run(M, MP, n_sweeps, push, state.stack_buffer, state.snapshot_powers)
-        if n_sweeps > 0:  # the last one
-            state.stack_buffer[first + n_sweeps] = M
-            if state.snapshot_powers.shape[0]:
-                state.snapshot_powers[first + n_sweeps] = MP
-        return
-    _recompute_segment_kernel(
-        state.label_token, first, n_sweeps, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
-        state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot,
-        state.stack_buffer, state.snapshot_powers, M, MP, IM,
-    )
+        state.grid_kernels.run(M, MP, n_sweeps)
+    else:
+        _sweeps_kernel(
+            state.label_token, n_sweeps, state.sched, state.order, state.tabs, state.eu, state.rho_sched,
+            state.rho_mode, state.unary, state.pairwise, state.slot_edge, state.slot_side, state.rho_slot, M, MP, IM,
+        )
+    if store >= 0:
+        work = state.checkpoint_plan.work_slot
+        state.stack_buffer[store] = M
+        if state.snapshot_powers.shape[0]:
+            state.snapshot_powers[store] = state.snapshot_powers[work]
 
 
 def _reverse_stack(state, reverse):
-    """Step 8 for every kept iteration, last to first: ``reverse(slots)``
-    reverses the iterations that start from those snapshots, in that order.
-    Checkpointed, segment by segment, each recomputed from its snapshot first."""
-    if not state.checkpointed:  # every iteration kept: one pass
-        reverse(np.arange(state.n_iter - 1, -1, -1))
-        return
-    if state.buffer_reused:  # an earlier backward wrote over snapshots 1..: keep them again
-        _keep_checkpoints(state)
-    state.buffer_reused = True
-    starts = state.segment_starts
-    ends = np.append(starts[1:], state.n_iter)
-    for k in range(len(starts) - 1, -1, -1):
-        length = int(ends[k] - starts[k])
-        _recompute_segment(state, k, length - 1)
-        reverse(np.arange(k + length - 1, k - 1, -1))
+    """Step 8 for every kept iteration, last to first, as the state's
+    checkpoint plan orders: ``reverse(slots)`` reverses the iterations that
+    start from those snapshots, in that order; checkpointed, the plan's
+    advances recompute the snapshots in between."""
+    plan = state.checkpoint_plan
+    if plan.checkpointed:
+        if state.buffer_reused:  # an earlier backward wrote over snapshots: keep them again
+            _keep_checkpoints(state)
+        state.buffer_reused = True
+    for step in plan.steps:
+        if step[0] == "advance":
+            _advance(state, *step[1:])
+        else:
+            reverse(step[1])
 
 
 def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated", tol=1e-10, max_iter=10000,
@@ -1512,6 +1522,7 @@ def _slot_tables(state):
     """Give a state of the grid kernels the schedule and tables of the slot kernels."""
     if state.tabs is None:
         E, K = state.pairwise.shape[:2]
+        _, state.slot_edge, state.slot_side, _, _ = _slots(len(state.unary), state.edges, state.rho)
         state.sched, state.order, state.rho_sched = _schedule(
             len(state.unary), state.edges, state.rho, state.ptr, state.slot_edge, state.slot_side, state.slot_of,
             K == 2,
@@ -1532,8 +1543,10 @@ def _slot_message_arrays(state):
     if state.rho_mode == _RHO_ONE:
         return M, M, IM
     MP = state.slot_powers
-    if MP is None:
+    if MP is None and state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M, out=scratch(M.shape, M.dtype))
+    elif MP is None:
+        MP = state.grid_kernels.grid.to_slots(state.grid_planes[1])
     return M, MP, IM
 
 
@@ -1542,8 +1555,8 @@ def _slot_inverses(state):
     kept by states of the slot kernels, derived for those of the grid kernels."""
     if state.slot_inverses is not None:
         return state.slot_inverses
-    M = state.slot_messages
-    return np.divide(1, M, out=scratch(M.shape, M.dtype))
+    M = state.slot_messages  # a new array: inverted in place
+    return np.divide(1, M, out=M)
 
 
 def _backward_start_of(state, IM, gmu_u, gmu_p):
@@ -1579,6 +1592,7 @@ def _grid_backward(state, gmu_u, gmu_p):
                             GP_h, GP_v, g_u)
 
     _reverse_stack(state, reverse)
+    del M, P, Madj, reverse  # before the gradient's own array (peak memory)
     g_p = scratch((E, K * K), dtype)
     kernels.join_pairwise(GP_h, GP_v, g_p)
     g_p /= state.rho[:, None]

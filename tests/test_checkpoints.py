@@ -4,7 +4,10 @@ import numpy as np
 import pytest
 
 from sklearn_margcrf import grid_edges, loss_and_grad
-from sklearn_margcrf._checkpoints import STACK_MEMORY_BUDGET, buffer_slots, segment_plan
+import heapq
+import itertools
+
+from sklearn_margcrf._checkpoints import STACK_MEMORY_BUDGET, checkpoint_plan
 from sklearn_margcrf.mean_field import mean_field_forward
 from sklearn_margcrf.trw import trw_forward
 
@@ -42,8 +45,9 @@ def test_checkpoints_bound_the_snapshots_kept():
     for n_iter, checkpoints in [(200, 14), (20, 3), (20, 1), (20, 20), (20, 50)]:
         state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
         kept = min(checkpoints, n_iter)
-        assert len(state.segment_starts) == kept
-        assert state.stack_buffer.shape[0] == buffer_slots(n_iter, kept) <= n_iter
+        assert len(state.checkpoint_plan.kept_iterations) == kept
+        # the kept snapshots, and a work slot to recompute the others in
+        assert state.stack_buffer.shape[0] == kept + (kept < n_iter)
         assert state.checkpointed == (kept < n_iter)
         if state.checkpointed:  # the per-iteration view exists only when every snapshot was kept
             with pytest.raises(ValueError, match="the stack is incomplete"):
@@ -52,7 +56,7 @@ def test_checkpoints_bound_the_snapshots_kept():
             assert state.stack.shape[0] == n_iter
     for forward in (lambda **kw: trw_forward(edges, unary, pairwise, rho, **kw),
                     lambda **kw: mean_field_forward(edges, unary, pairwise, **kw)):
-        assert forward(n_iter=200, keep_stack=True, checkpoints=14).stack_buffer.shape[0] == 21  # instead of 200
+        assert forward(n_iter=200, keep_stack=True, checkpoints=14).stack_buffer.shape[0] == 15  # instead of 200
 
 
 @pytest.mark.parametrize("inference", ["trw", "mean_field"])
@@ -81,26 +85,84 @@ def test_checkpoints_must_be_a_positive_integer(bad):
         loss_and_grad(edges, unary, pairwise, labels, checkpoints=bad)
 
 
-@pytest.mark.parametrize("n_iter", [1, 2, 5, 20, 200, 1000])
-def test_segment_plan_fits_its_buffer(n_iter):
-    for checkpoints in sorted({1, 2, 3, 14, n_iter // 2 or 1, n_iter, None}, key=str):
-        n_slots, starts = segment_plan(n_iter, checkpoints, 1)
-        ends = np.append(starts[1:], n_iter)
-        lengths = ends - starts
-        assert starts[0] == 0 and np.all(lengths >= 1) and lengths.sum() == n_iter
-        # segment k is reversed from slots k .. k + length - 1
-        assert np.all(np.arange(len(starts)) + lengths <= n_slots)
-    smallest = min(buffer_slots(n_iter, s) for s in range(1, n_iter + 1))
-    assert smallest <= int(np.ceil(np.sqrt(2 * n_iter))) + 1
+def replay(plan):
+    """Run a plan on iteration numbers instead of messages: assert that every
+    reverse finds the snapshot of the iteration due next (last to first) in
+    the slot it reads, and return the iterations recomputed."""
+    slots = [None] * plan.n_slots
+    for t, slot in enumerate(plan.forward_slots):
+        if slot >= 0:
+            slots[slot] = t
+    due, recomputed = plan.n_iter - 1, 0
+    for step in plan.steps:
+        if step[0] == "advance":
+            _, load, n_sweeps, store = step
+            if load >= 0:
+                slots[plan.work_slot] = slots[load]
+            slots[plan.work_slot] += n_sweeps
+            recomputed += n_sweeps
+            if store >= 0:
+                slots[store] = slots[plan.work_slot]
+        else:
+            for slot in step[1]:
+                assert slots[slot] == due
+                due -= 1
+    assert due == -1
+    return recomputed
+
+
+def least_recomputation(n_iter, n_snapshots):
+    """Exhaustive search (Dijkstra over every state of the slots) for the
+    fewest recomputed iterations that reverse ``n_iter`` iterations with
+    ``n_snapshots`` slots and a work slot, where the forward pass keeps any
+    snapshots it likes (the first one always)."""
+    start = [(0, frozenset(kept) | {0}, None, n_iter - 1)
+             for size in range(n_snapshots) for kept in itertools.combinations(range(1, n_iter), size)]
+    heapq.heapify(start)
+    queue, done = start, set()
+    while queue:
+        cost, kept, work, due = heapq.heappop(queue)
+        if due < 0:
+            return cost
+        if (kept, work, due) in done:
+            continue
+        done.add((kept, work, due))
+        if due in kept or work == due:
+            heapq.heappush(queue, (cost, kept, work, due - 1))
+        for source in kept | ({work} if work is not None else set()):
+            for target in range(source + 1, due + 1):
+                moves = [kept] + [kept - evicted | {target} for evicted in [frozenset()] + [{k} for k in kept]]
+                for new in moves:
+                    if len(new) <= n_snapshots:
+                        heapq.heappush(queue, (cost + target - source, frozenset(new), target, due))
+
+
+@pytest.mark.parametrize("n_iter", [1, 2, 3, 5, 7])
+def test_checkpoint_plans_are_right_and_optimal(n_iter):
+    for checkpoints in range(1, n_iter + 2):
+        plan = checkpoint_plan(n_iter, checkpoints, 1)
+        assert replay(plan) == plan.recomputed
+        assert plan.recomputed == (least_recomputation(n_iter, checkpoints) if checkpoints < n_iter else 0)
+
+
+@pytest.mark.parametrize("n_iter", [20, 200, 1000])
+def test_checkpoint_plans_of_long_truncations(n_iter):
+    costs = []
+    for checkpoints in [c for c in (1, 2, 3, 14, 30, n_iter - 1, n_iter) if c <= n_iter]:
+        plan = checkpoint_plan(n_iter, checkpoints, 1)
+        assert replay(plan) == plan.recomputed
+        assert plan.n_slots == checkpoints + (checkpoints < n_iter)
+        costs.append(plan.recomputed)
+    assert costs == sorted(costs, reverse=True) and costs[-1] == 0  # more snapshots, less recomputation
+    assert costs[0] == n_iter * (n_iter - 1) // 2  # one snapshot: each iteration from the first
 
 
 def test_automatic_checkpoints_respect_the_budget():
-    assert segment_plan(200, None, STACK_MEMORY_BUDGET // 400)[0] == 200  # everything fits: every iteration kept
-    snapshot = STACK_MEMORY_BUDGET // 30
-    n_slots, starts = segment_plan(200, None, snapshot)
-    assert n_slots <= 30 and len(starts) == max(s for s in range(1, 201) if buffer_slots(200, s) <= 30)
-    n_slots, _ = segment_plan(200, None, STACK_MEMORY_BUDGET)  # nothing fits: the least memory possible
-    assert n_slots == min(buffer_slots(200, s) for s in range(1, 201))
+    assert checkpoint_plan(200, None, STACK_MEMORY_BUDGET // 400).n_slots == 200  # everything fits: every one kept
+    plan = checkpoint_plan(200, None, STACK_MEMORY_BUDGET // 30)
+    assert plan.n_slots == 30 and plan.n_snapshots == 29  # as many as fit beside the work slot
+    plan = checkpoint_plan(200, None, STACK_MEMORY_BUDGET)  # nothing fits: the least memory possible
+    assert (plan.n_snapshots, plan.n_slots) == (1, 2)
 
 
 def traced_peak(function):
@@ -118,7 +180,7 @@ def traced_peak(function):
 @pytest.mark.parametrize("inference", ["trw", "mean_field"])
 def test_loss_and_grad_checkpoints_reach_the_kernels(inference):
     """The gradient does not change, so the keyword shows in the memory: the
-    full stack of 60 iterations is about 60 snapshots, 4 checkpoints need 17."""
+    full stack of 60 iterations is about 60 snapshots, 4 checkpoints need 5."""
     rng = np.random.default_rng(0)
     edges = grid_edges(40, 40)
     unary, pairwise = rng.normal(size=(1600, 2)), rng.normal(size=(len(edges), 2, 2))
@@ -130,7 +192,7 @@ def test_loss_and_grad_checkpoints_reach_the_kernels(inference):
                                                  checkpoints=checkpoints))
 
     peak(None), peak(4)  # compile (or load) both paths outside the measurement
-    # 60 - buffer_slots(60, 4) = 43 snapshots fewer; other arrays blur the peaks a little
+    # 55 snapshots fewer; other arrays blur the peaks a little
     assert peak(None) - peak(4) >= 30 * snapshot
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from reference import random_model
 from sklearn_margcrf import mean_field
-from sklearn_margcrf._checkpoints import buffer_slots
 from sklearn_margcrf._graph import grid_edges
 from sklearn_margcrf.exceptions import BackpropDivergenceError
 from sklearn_margcrf.mean_field import _mean_field_forward, mean_field_backward, mean_field_forward
@@ -142,8 +141,10 @@ def test_checkpointed_gradient_equals_full_stack(dtype, n_states, n_iter):
         state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, keep_stack=True,
                                    checkpoints=checkpoints)
         kept = min(checkpoints, n_iter)
-        assert state.segment_starts.shape == (kept,) and state.segment_starts[0] == 0
-        assert state.stack_buffer.shape == (buffer_slots(n_iter, kept),) + unary.shape
+        kept_iterations = state.checkpoint_plan.kept_iterations
+        assert kept_iterations.shape == (kept,) and kept_iterations[0] == 0
+        # the kept snapshots, and a work slot when checkpointed
+        assert state.stack_buffer.shape == (kept + (kept < n_iter),) + unary.shape
         assert state.checkpointed == (kept < n_iter)
         np.testing.assert_array_equal(state.unary_marginals, full.unary_marginals)
         assert_identical(mean_field_backward(state, *grads), expected)
@@ -154,7 +155,7 @@ def test_checkpointed_gradient_equals_full_stack(dtype, n_states, n_iter):
 def test_checkpoints_bound_the_stack_buffer():
     edges, unary, pairwise, grads = grid_problem(2, 5)
     state = mean_field_forward(edges, unary, pairwise, n_iter=200, keep_stack=True, checkpoints=14)
-    assert state.stack_buffer.shape == (21,) + unary.shape  # B(14) for 200 iterations
+    assert state.stack_buffer.shape == (15,) + unary.shape  # 14 snapshots and the work slot
     assert mean_field_forward(edges, unary, pairwise, n_iter=200, keep_stack=True,
                               checkpoints=None).stack_buffer.shape == (200,) + unary.shape
     assert mean_field_forward(edges, unary, pairwise, n_iter=200,
@@ -168,9 +169,11 @@ def test_checkpointed_stack_is_not_a_full_stack():
     with pytest.raises(ValueError, match="checkpoints"):
         state.stack  # noqa: B018
     assert "2 checkpoints" in repr(state)
-    np.testing.assert_array_equal(full.segment_starts, np.arange(6))
-    for k, t in enumerate(state.segment_starts):  # the kept snapshots
-        np.testing.assert_array_equal(state.stack_buffer[k, ::-1], full.stack[t])
+    np.testing.assert_array_equal(full.checkpoint_plan.kept_iterations, np.arange(6))
+    plan = state.checkpoint_plan
+    assert plan.kept_iterations.shape == (2,)
+    for t in plan.kept_iterations:  # the kept snapshots
+        np.testing.assert_array_equal(state.stack_buffer[plan.forward_slots[t], ::-1], full.stack[t])
 
 
 def test_checkpoints_must_be_positive_integers():
@@ -189,7 +192,7 @@ def test_checkpointed_run_to_convergence(dtype):
     expected = mean_field_backward(full, *grads)
     checkpointed = mean_field_forward(edges, unary, 1.5 * pairwise, tol=1e-5, keep_stack=True,
                                       checkpoints=3)
-    assert checkpointed.segment_starts.shape == (3,)
+    assert checkpointed.checkpoint_plan.kept_iterations.shape == (3,)
     # checkpoints=None over the memory budget keeps as many snapshots as fit
     budgeted = _mean_field_forward(edges, unary, 1.5 * pairwise, None, 1e-5, 1000, True, None,
                                    8 * unary.nbytes)
