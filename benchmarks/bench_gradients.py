@@ -11,7 +11,8 @@ logistic loss ``-sum_i log mu_i(label_i)`` with random labels. Prints:
    machine), and the peak extra memory of forward + backward: the growth of
    the process's peak resident set over a run, measured in a fresh process
    per configuration (so numba's own allocations count too);
-2. K = 2 at n_iter = 200: the full stack against ``checkpoints=14``;
+2. K = 2 at n_iter = 200: the full stack against ``checkpoints=14``, for
+   truncated TRW and for truncated mean field;
 3. two threads, each computing ``loss_and_grad`` of its own image, against
    the same two calls one after the other (the kernels release the GIL);
 4. equal-accuracy speed: iterations and seconds until every unary marginal is
@@ -34,6 +35,7 @@ from numba import njit  # noqa: E402
 
 from sklearn_margcrf import loss_and_grad  # noqa: E402
 from sklearn_margcrf._workspace import workspace  # noqa: E402
+from sklearn_margcrf.mean_field import mean_field_backward, mean_field_forward  # noqa: E402
 from sklearn_margcrf.trw import trw_backward, trw_forward  # noqa: E402
 
 
@@ -52,6 +54,15 @@ def gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
     return trw_backward(state, g_mu, None, mode="truncated")
 
 
+def mean_field_gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
+    """:func:`gradient` with mean field (``rho`` unused)."""
+    state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
+    rows = np.arange(len(labels))
+    g_mu = np.zeros_like(state.unary_marginals)
+    g_mu[rows, labels] = -1 / state.unary_marginals[rows, labels]
+    return mean_field_backward(state, g_mu, None, mode="truncated")
+
+
 def in_workspace(func, *args):
     """``func(*args)`` with the scratch arrays of the previous call reused, as
     the per-image computations of a fit run (``sklearn_margcrf._workspace``):
@@ -60,23 +71,22 @@ def in_workspace(func, *args):
         func(*args)
 
 
-def peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
-    """Peak memory of one forward + backward beyond its inputs (MB): what numpy
-    allocates (tracemalloc) plus what the kernels allocate themselves, which
-    tracemalloc does not see: the forward's previous marginals (n x K). (The
-    copies of a snapshot that a checkpointed backward recomputes from are
-    made in Python, so tracemalloc counts them.)"""
+def peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None, run=gradient):
+    """Peak memory of one forward + backward (``run``) beyond its inputs (MB):
+    what numpy allocates (tracemalloc) plus what the TRW kernels allocate
+    themselves, which tracemalloc does not see: the forward's previous
+    marginals (n x K; mean field's kernels allocate K values)."""
     import tracemalloc
 
-    gradient(edges, unary, pairwise, rho, labels, 1, checkpoints)  # compile outside the measurement
+    run(edges, unary, pairwise, rho, labels, 1, checkpoints)  # compile outside the measurement
     tracemalloc.start()
     try:
-        gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
+        run(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     n, K = unary.shape
-    return (peak + n * K * unary.itemsize) / 1e6
+    return (peak + (n * K * unary.itemsize if run is gradient else 0)) / 1e6
 
 
 def section_speed(args):
@@ -97,17 +107,36 @@ def section_speed(args):
 def section_checkpoints(args):
     n_iter = 200
     print(f"2. checkpointed reverse mode, K=2, n_iter={n_iter}")
-    for dtype in ("float64", "float32"):
-        edges, unary, pairwise, rho, labels = problem(args.height, args.width, 2, getattr(np, dtype))
-        times = {}
-        for checkpoints in (n_iter, 14):
-            _, times[checkpoints] = best_time(
-                lambda: gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints), max(args.repeat // 2, 2)
-            )
-            memory = peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
-            what = "full stack" if checkpoints == n_iter else f"checkpoints={checkpoints}"
-            print(f"   {dtype} {what}: {times[checkpoints]:.3f} s, peak extra memory {memory:.0f} MB")
-        print(f"   {dtype} time ratio checkpointed / full: {times[14] / times[n_iter]:.2f}")
+    for method, run in (("", gradient), ("mean field ", mean_field_gradient)):
+        for dtype in ("float64", "float32"):
+            edges, unary, pairwise, rho, labels = problem(args.height, args.width, 2, getattr(np, dtype))
+            for checkpoints in (n_iter, 14):
+                run(edges, unary, pairwise, rho, labels, 2, checkpoints)  # compile
+            # pairs of runs, full stack then checkpointed, back to back (the
+            # ratio within a pair is what the machine's drift does not
+            # reach), in fresh memory and with the scratch memory reused
+            ratios = {}
+            for reuse in (False, True):
+                times = {n_iter: [], 14: []}
+                for _ in range(max(args.repeat // 2, 2)):
+                    for checkpoints in times:
+                        start = time.process_time()
+                        if reuse:
+                            in_workspace(run, edges, unary, pairwise, rho, labels, n_iter, checkpoints)
+                        else:
+                            run(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
+                        times[checkpoints].append(time.process_time() - start)
+                ratios[reuse] = np.divide(times[14], times[n_iter])
+                if not reuse:
+                    fresh = times
+            for checkpoints in fresh:
+                memory = peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints, run)
+                what = "full stack" if checkpoints == n_iter else f"checkpoints={checkpoints}"
+                print(f"   {method}{dtype} {what}: {min(fresh[checkpoints]):.3f} s, peak extra memory {memory:.0f} MB")
+            print(f"   {method}{dtype} time ratio checkpointed / full: median {np.median(ratios[False]):.2f} over "
+                  f"{len(ratios[False])} pairs (range {ratios[False].min():.2f}-{ratios[False].max():.2f}); "
+                  f"with scratch memory reused {np.median(ratios[True]):.2f} "
+                  f"({ratios[True].min():.2f}-{ratios[True].max():.2f})")
 
 
 def section_threads(args):

@@ -109,7 +109,7 @@ class MeanFieldState:
         ``ValueError``; the marginals before iteration ``t`` of
         ``checkpoint_plan.kept_iterations`` are
         ``stack_buffer[checkpoint_plan.forward_slots[t], ::-1]``.
-    checkpoint_plan : :class:`~sklearn_margcrf._checkpoints.CheckpointPlan` or None
+    checkpoint_plan : ``sklearn_margcrf._checkpoints.CheckpointPlan`` or None
         With ``keep_stack=True`` (and at least one iteration): where the
         forward kept its snapshots and how the backward recomputes the others.
     stack_buffer : (n_slots, n, K) or None

@@ -930,7 +930,7 @@ class TRWState:
         in slot ``checkpoint_plan.forward_slots[t]`` (slot ``t`` without
         checkpointing); with checkpointing the backward pass recomputes the
         others into the slots it frees and into the last, the work slot
-    checkpoint_plan : :class:`~sklearn_margcrf._checkpoints.CheckpointPlan` or
+    checkpoint_plan : ``sklearn_margcrf._checkpoints.CheckpointPlan`` or
         None, where the snapshots are kept (``kept_iterations``) and how the
         backward recomputes the others
     checkpointed : bool, whether fewer snapshots than iterations were kept
