@@ -493,8 +493,8 @@ def grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, ge
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, rho_h, rho_v,
-                       rho_token, Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
+def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
+                       Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
                        slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
     reverse, restoring the messages from the snapshot ``snap`` (flat planes)

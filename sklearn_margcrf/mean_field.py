@@ -558,8 +558,9 @@ def mean_field_forward(edges, unary, pairwise, n_iter=None, tol=1e-6, max_iter=1
         ``mean_field_backward(mode="truncated")``.
     checkpoints : int >= 1 or None
         With ``keep_stack``: keep only this many snapshots (see
-        ``sklearn_margcrf._checkpoints``); the backward pass recomputes the others. ``None`` keeps every iteration
-        while that fits ``STACK_MEMORY_BUDGET`` and as many as fit otherwise.
+        ``sklearn_margcrf._checkpoints``); the backward pass recomputes the
+        others. ``None`` keeps every iteration while that fits
+        ``STACK_MEMORY_BUDGET`` and as many as fit otherwise.
         With ``n_iter=None`` and fewer snapshots than iterations, the forward
         pass runs twice (to find the number of iterations, then to keep the
         planned snapshots).
