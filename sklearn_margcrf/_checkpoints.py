@@ -6,9 +6,8 @@ snapshot ``t``. With ``checkpoints = s < n`` the forward pass keeps only
 ``s`` snapshots, and the backward pass recomputes the others from them,
 keeping some of the recomputed ones in the slots that the reversal frees.
 
-The schedule is binomial checkpointing (Griewank's "revolve"; Griewank and
-Walther, ACM TOMS 26, 2000), computed exactly by dynamic programming for
-our costs. All snapshots live in one buffer: ``s`` slots, plus a *work* slot
+The schedule is binomial checkpointing (known as "revolve"), computed
+exactly by dynamic programming for our costs. All snapshots live in one buffer: ``s`` slots, plus a *work* slot
 in which the iterations are recomputed (so the recomputation needs no other
 copy of the messages). Reversing ``l`` iterations whose first snapshot is in
 a slot, with ``f`` more free slots, recomputes at best
