@@ -46,21 +46,23 @@ def problem(height, width, K, dtype, seed=0):
     return edges, unary.astype(dtype), pairwise.astype(dtype), rho, labels
 
 
+def logistic_adjoint(unary_marginals, labels):
+    """dL/dmu of the univariate logistic loss ``-sum_i log mu_i(label_i)``."""
+    rows = np.arange(len(labels))
+    g_mu = np.zeros_like(unary_marginals)
+    g_mu[rows, labels] = -1 / unary_marginals[rows, labels]
+    return g_mu
+
+
 def gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
     state = trw_forward(edges, unary, pairwise, rho, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
-    rows = np.arange(len(labels))
-    g_mu = np.zeros_like(state.unary_marginals)
-    g_mu[rows, labels] = -1 / state.unary_marginals[rows, labels]
-    return trw_backward(state, g_mu, None, mode="truncated")
+    return trw_backward(state, logistic_adjoint(state.unary_marginals, labels), None, mode="truncated")
 
 
 def mean_field_gradient(edges, unary, pairwise, rho, labels, n_iter, checkpoints=None):
     """:func:`gradient` with mean field (``rho`` unused)."""
     state = mean_field_forward(edges, unary, pairwise, n_iter=n_iter, keep_stack=True, checkpoints=checkpoints)
-    rows = np.arange(len(labels))
-    g_mu = np.zeros_like(state.unary_marginals)
-    g_mu[rows, labels] = -1 / state.unary_marginals[rows, labels]
-    return mean_field_backward(state, g_mu, None, mode="truncated")
+    return mean_field_backward(state, logistic_adjoint(state.unary_marginals, labels), None, mode="truncated")
 
 
 def in_workspace(func, *args):
@@ -115,7 +117,7 @@ def section_checkpoints(args):
             # pairs of runs, full stack then checkpointed, back to back (the
             # ratio within a pair is what the machine's drift does not
             # reach), in fresh memory and with the scratch memory reused
-            ratios = {}
+            ratios, runs = {}, {}
             for reuse in (False, True):
                 times = {n_iter: [], 14: []}
                 for _ in range(max(args.repeat // 2, 2)):
@@ -127,8 +129,8 @@ def section_checkpoints(args):
                             run(edges, unary, pairwise, rho, labels, n_iter, checkpoints)
                         times[checkpoints].append(time.process_time() - start)
                 ratios[reuse] = np.divide(times[14], times[n_iter])
-                if not reuse:
-                    fresh = times
+                runs[reuse] = times
+            fresh = runs[False]
             for checkpoints in fresh:
                 memory = peak_extra_memory(edges, unary, pairwise, rho, labels, n_iter, checkpoints, run)
                 what = "full stack" if checkpoints == n_iter else f"checkpoints={checkpoints}"

@@ -128,12 +128,12 @@ class MeanFieldState:
     """
 
     def __init__(self, edges, unary, pairwise, inc, unary_marginals, initial_marginals,
-                 n_iter, converged, last_change, stack_rev, plan, tol, inc_node=None):
+                 n_iter, converged, last_change, stack_rev, plan, tol, inc_node):
         self.edges = edges
         self.unary = unary
         self.pairwise = pairwise
         self.incidence = inc
-        self._inc_node = inc_node  # _update_node's other ends (built when first needed)
+        self._inc_node = inc_node  # _update_node's other ends
         self.unary_marginals = unary_marginals
         self.initial_marginals = initial_marginals
         self.n_iter = int(n_iter)
@@ -174,8 +174,6 @@ class MeanFieldState:
         """Recompute ``n_sweeps`` forward iterations of this model from ``mu``
         (in place), keeping the snapshots of ``save_slot`` in the buffer."""
         inc = self.incidence
-        if self._inc_node is None:
-            self._inc_node = _other_ends(self.edges, inc)
         _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self._inc_node, self.unary, self.pairwise,
                            mu, n_sweeps, self.tol, False, self._stack_rev, save_slot)
 

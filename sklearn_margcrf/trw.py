@@ -1522,7 +1522,8 @@ def _slot_tables(state):
     """Give a state of the grid kernels the schedule and tables of the slot kernels."""
     if state.tabs is None:
         E, K = state.pairwise.shape[:2]
-        _, state.slot_edge, state.slot_side, _, _ = _slots(len(state.unary), state.edges, state.rho)
+        inc = incidence(len(state.unary), state.edges)  # the slot layout, which grid states do not keep
+        state.slot_edge, state.slot_side = inc.edge, inc.side
         state.sched, state.order, state.rho_sched = _schedule(
             len(state.unary), state.edges, state.rho, state.ptr, state.slot_edge, state.slot_side, state.slot_of,
             K == 2,
@@ -1539,7 +1540,7 @@ def _slot_message_arrays(state):
     derived here as the kernels derive them (``sqrt(m)``, ``1 / m``, the same
     rounding)."""
     M = state.slot_messages
-    IM = _slot_inverses(state)
+    IM = _slot_inverses(state, M)
     if state.rho_mode == _RHO_ONE:
         return M, M, IM
     MP = state.slot_powers
@@ -1550,13 +1551,16 @@ def _slot_message_arrays(state):
     return M, MP, IM
 
 
-def _slot_inverses(state):
+def _slot_inverses(state, messages=None):
     """``1 / m`` of the messages the forward pass ended with (slot layout):
-    kept by states of the slot kernels, derived for those of the grid kernels."""
+    kept by states of the slot kernels, derived for those of the grid kernels
+    (from ``messages``, their slot layout, when the caller has it already)."""
     if state.slot_inverses is not None:
         return state.slot_inverses
-    M = state.slot_messages  # a new array: inverted in place
-    return np.divide(1, M, out=M)
+    if messages is None:
+        messages = state.slot_messages  # a new array: inverted in place
+        return np.divide(1, messages, out=messages)
+    return np.divide(1, messages, out=scratch(messages.shape, messages.dtype))
 
 
 def _backward_start_of(state, IM, gmu_u, gmu_p):
