@@ -103,9 +103,10 @@ class Grid:
         _copy_slots(slot_array, self.slot_pos, self.height, self.width, flat, True)
         return flat
 
-    def to_slots(self, flat):
-        """Flat planes -> (2E, K) slot layout."""
-        out = scratch((self.slot_pos.shape[0], self.n_states), flat.dtype)
+    def to_slots(self, flat, out=None):
+        """Flat planes -> (2E, K) slot layout (into ``out`` when given)."""
+        if out is None:
+            out = scratch((self.slot_pos.shape[0], self.n_states), flat.dtype)
         _copy_slots(out, self.slot_pos, self.height, self.width, flat, False)
         return out
 
@@ -200,17 +201,28 @@ def _table_row_sum(K, backward, T, a, x, l):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode):
+def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode):
     """Step (a): the cavity of every sender of the line, in the product order
-    of the slot kernels (slots of the sender backwards: D, U, R, L)."""
+    of the slot kernels (slots of the sender backwards: D, U, R, L).
+
+    The other family's messages into the senders (a strided read) are first
+    copied into ``gathered`` (two lines): the product loop then reads only
+    contiguous lines, which the compiler vectorises. Read in place, their
+    strides kept the loop scalar: measured (200 x 300, K = 2, float64, 20
+    iterations, in-process minimum of 10 runs, three alternating process
+    pairs): the forward pass 0.15-0.17 s against 0.22-0.23 s, the backward
+    pass unchanged (0.22-0.26 s both)."""
     Lw = Mo.shape[3]
     for x in range(K):
+        for l in range(Lw):
+            gathered[0, l] = Px[l, _AFTER, x, snd]
+            gathered[1, l] = Px[l, _BEFORE, x, snd]
         for l in range(Lw):
             v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
             oa = _power(rho_mode, Po[snd, _AFTER, x, l])
             ob = _power(rho_mode, Po[snd, _BEFORE, x, l])
-            xa = _power(rho_mode, Px[l, _AFTER, x, snd])
-            xb = _power(rho_mode, Px[l, _BEFORE, x, snd])
+            xa = _power(rho_mode, gathered[0, l])
+            xb = _power(rho_mode, gathered[1, l])
             if own_first:  # vertical family: own planes are U, D
                 v = v * oa * ob * xa * xb
             else:
@@ -275,6 +287,7 @@ def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry,
     out = scratch[K:2 * K]
     total = scratch[2 * K]
     inv = scratch[2 * K + 1]
+    gathered = scratch[2 * K + 2:]
     pt = _AFTER if backward else _BEFORE  # the plane written
     pr = _BEFORE if backward else _AFTER  # the reverse messages
     n_fallback = 0
@@ -282,7 +295,7 @@ def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry,
         a = A - 2 - step if backward else step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode)
         for xv in range(K):
             for l in range(Lw):
                 out[xv, l] = cav[0, l] * (T[a, xv, 0, l] if backward else T[a, 0, xv, l])
@@ -384,6 +397,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
     cav = scratch[:K]
     z = scratch[K]
     inv = scratch[K + 1]
+    gathered = scratch[2 * K + 2:]
     rv = adjoint_scratch[:K]
     h = adjoint_scratch[K:2 * K]
     dot = adjoint_scratch[2 * K]
@@ -404,7 +418,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
             for l in range(Lw):
                 rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
         # (a) s = tab * A(x_u), and its sum Z
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, one, rho_mode)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode)
         for l in range(Lw):
             z[l] = cav[0, l] * _table_row_sum(K, backward, T, a, 0, l)
         for x in range(1, K):
@@ -578,7 +592,7 @@ class GridKernels:
         self.rho_v = scratch_full((H, 2, W), 1, dtype)
         self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
         lanes = max(H, W)
-        self.scratch = np.empty((2 * K + 2, lanes), dtype)
+        self.scratch = np.empty((2 * K + 4, lanes), dtype)
         self.adjoint_scratch = np.empty((2 * K + 1, lanes))
         self.held = scratch(K * H * W, np.float64)
         self.bad = np.empty(lanes, np.int64)

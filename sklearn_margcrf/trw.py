@@ -1222,14 +1222,16 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
     else:
         M = scratch_copy(np.reshape(start, (2 * E, K)), dtype)  # a copy: the kernel updates it in place
     # as the kernels invert, so that recomputed iterations match (the grid
-    # kernels fill it at the end)
-    IM = scratch(M.shape, dtype)
+    # kernels derive the inverses and, for rho = 1/2, the powers at the end:
+    # not held during the iterations, at the peak of memory)
+    IM = MP = None
     if shape is None:
-        np.divide(1, M, out=IM)
+        IM = np.divide(1, M, out=scratch(M.shape, dtype))
     if mode == _RHO_ONE:
         MP = M
     elif mode == _RHO_HALF:
-        MP = np.sqrt(M, out=scratch(M.shape, dtype))
+        if shape is None:
+            MP = np.sqrt(M, out=scratch(M.shape, dtype))
     elif start is None:
         MP = scratch((2 * E, K), dtype)
         MP[...] = np.power(M[0, 0], rho_slot)[:, None]
@@ -1264,7 +1266,7 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         )
     else:
         grid_planes, it, converged, n_fallback = _grid_forward(
-            grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, IM, tol, kt, unary, edges, ptr,
+            grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, edges, ptr,
             slot_of, rho, rho_slot, eu, mu_u, mu_p,
         )
     return TRWState(
@@ -1315,33 +1317,35 @@ def _grid_planes(grid_kernels, M, MP, rho_mode):
     return flat_M, to_grid(MP) if rho_mode == _RHO_GENERAL else flat_M
 
 
-def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, IM, tol, kt, unary, edges, ptr,
+def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, edges, ptr,
                   slot_of, rho, rho_slot, eu, mu_u, mu_p):
     """``n_iter >= 1`` iterations on the planes and the marginals, as
     ``_trw_forward_kernel`` runs them for a fixed number of iterations
-    (marginals before the last iteration for ``converged``). ``M``, ``MP``,
-    ``IM`` (slot layout) hold the start and receive the final messages.
-    Returns the planes ``(M, P)``, the iterations, whether converged and
-    the number of fallbacks."""
+    (marginals before the last iteration for ``converged``). ``M`` (and
+    ``MP`` for a general rho; slot layout) hold the start and receive the
+    final messages; the slot-layout powers for rho = 1/2 and the inverses
+    are derived at the end. Returns the planes ``(M, P)``, the iterations,
+    whether converged and the number of fallbacks."""
     grid = grid_kernels.grid
     mode = grid_kernels.rho_mode
     planes = _grid_planes(grid_kernels, M, MP, mode)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
     n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
 
-    def to_slots():
-        M[...] = grid.to_slots(planes[0])
-        if mode == _RHO_GENERAL:
-            MP[...] = grid.to_slots(planes[1])
-        elif mode == _RHO_HALF:
-            np.sqrt(M, out=MP)
+    def slot_powers():
+        """The messages of the planes into ``M``; their powers (slot layout)."""
+        grid.to_slots(planes[0], out=M)
+        if mode == _RHO_ONE:
+            return M
+        if mode == _RHO_HALF:
+            return np.sqrt(M, out=scratch(M.shape, M.dtype))
+        return grid.to_slots(planes[1], out=MP)
 
-    to_slots()
     prev = scratch(mu_u.shape, mu_u.dtype)
-    n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
+    n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), prev)
     n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
-    to_slots()
-    np.divide(1, M, out=IM)  # as the kernels invert
+    MP = slot_powers()
+    IM = np.divide(1, M, out=scratch(M.shape, M.dtype))  # as the kernels invert
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)
     converged = _max_abs_diff(mu_u, prev) < tol
     n_fallback += _pairwise_marginals(edges, ptr, slot_of, grid_kernels.forward_tables(), eu, unary,
