@@ -148,10 +148,11 @@ On the edges of :func:`sklearn_margcrf.grid_edges`, a fixed number of
 iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
 (the image's lines of independent updates as vector loops, messages in
 per-direction planes): bitwise the same values, chosen where they measured
-faster (``_use_grid_kernels``: K = 2, for forward + backward on 200 x 300
-1.2-1.3x in float64 and 1.4-1.8x in float32). Without planes of inverses,
-nor of powers for rho = 1/2 (computed where read, with the same rounding),
-they also keep less in memory.
+faster (``_use_grid_kernels``: K = 2 and K >= 8; for forward + backward on
+200 x 300, K = 2: 1.2-1.3x in float64 and 1.4-1.8x in float32, K = 8:
+1.3x in float64, 1.4x in float32). Without planes of inverses, nor of
+powers for rho = 1/2 (computed where read, with the same rounding), they
+also keep less in memory.
 
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
 some snapshots, and ``trw_backward`` recomputes the others from them
@@ -240,11 +241,14 @@ def _use_grid_kernels(n_states, dtype):
     Measured (200 x 300, 20 iterations, rho = 1/2, forward + backward, one
     thread, minimum CPU time per gradient over repeated runs): K = 2 float64
     0.21-0.23 s against 0.26-0.28 s with the slot kernels, float32 0.13-0.16
-    against 0.22-0.23 s. K = 4 float64: 0.55-0.61 against 0.57-0.62 s (no
-    gain); K = 8 float64: 0.85x the CPU time of whole processes, but 80 MB
-    more at the peak, and each new (K, dtype, rho class) costs about half a
-    minute of compilation once, so only K = 2 for now."""
-    return n_states == 2
+    against 0.22-0.23 s. Since their cavity loops run as vector code (the
+    other family's messages gathered first), in-process alternating runs on
+    a 2-core AMD EPYC (median ratio of 3-5 pairs, grid / slot): K = 3 float64
+    1.03, K = 4 0.92, K = 8 0.79 (float32 0.70), K = 12 0.64; peak memory at
+    K = 8 618 against 643 MB (float32 321 against 336). Each new (K, dtype,
+    rho class) costs about half a minute of compilation once: only where
+    the gain is clear."""
+    return n_states == 2 or n_states >= 8
 
 
 def _label_token(n_states, specialise=True):

@@ -193,12 +193,17 @@ def test_specialised_kernels_match_generic_kernels(rho_value, K):
     np.testing.assert_allclose(gp_s, gp_g, rtol=0, atol=1e-12)
 
 
-# K = 2 is what users run (see trw._use_grid_kernels): every rho class in
-# float32; in float64 the general class, the most involved path (each rho
-# class and dtype takes about half a minute to compile).
+# The grid kernels run by default for K = 2 and K >= 8 (see
+# trw._use_grid_kernels). K = 2: every rho class in float32; in float64 the
+# general class, the most involved path. K = 8 (the backgrounds experiment):
+# rho = 1/2 in float64, with and without the log-domain fallbacks; K = 9: the
+# generic (not specialised) build. Each (K, rho class, dtype) takes about
+# half a minute to compile.
 @pytest.mark.parametrize(("K", "dtype", "specialise", "cases"), [
     (2, np.float32, True, ((0.5, 1.0), (1.0, 1.0), ("random", 1.0), (0.5, 100.0))),
     (2, np.float64, True, (("random", 1.0), ("random", 800.0))),
+    (8, np.float64, True, ((0.5, 1.0), (0.5, 800.0))),
+    (9, np.float64, False, ((0.5, 1.0),)),
 ])
 @pytest.mark.parametrize("shape", [(1, 6), (4, 5), (5, 3)])
 def test_grid_kernels_match_slot_kernels(shape, K, dtype, specialise, cases):
