@@ -9,8 +9,9 @@ keeping some of the recomputed ones in the slots that the reversal frees.
 The schedule is binomial checkpointing (known as "revolve"), computed
 exactly by dynamic programming for our costs. All snapshots live in one
 buffer: ``s`` slots, plus a *work* slot in which the iterations are
-recomputed (so the recomputation needs no other copy of the messages). Reversing ``l`` iterations whose first snapshot is in
-a slot, with ``f`` more free slots, recomputes at best
+recomputed (so the recomputation needs no other copy of the messages).
+Reversing ``l`` iterations whose first snapshot is in a slot, with ``f``
+more free slots, recomputes at best
 
     F(0, l) = l (l - 1) / 2          (each from the first snapshot)
     F(f, l) = min_j  j + F(f - 1, l - j) + F(f, j)
