@@ -46,7 +46,7 @@ from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
-from .losses import MARGINAL_LOSSES, marginal_loss, piecewise, pseudolikelihood
+from .losses import MARGINAL_LOSSES, PAIRWISE_LOSSES, marginal_loss, piecewise, pseudolikelihood
 from .trw import floored_message_entries
 
 __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
@@ -419,8 +419,13 @@ def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None, s
         value, grad_unary, grad_pairwise = _surrogate_likelihood(problem, labels)
     else:
         state, result = problem.forward()
-        value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise, edges, labels,
-                                                 alpha=settings.alpha, node_weight=node_weight)
+        pairwise_term = settings.loss in PAIRWISE_LOSSES
+        value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise if pairwise_term else None,
+                                                 edges, labels, alpha=settings.alpha, node_weight=node_weight)
+        if not pairwise_term and problem.mode in ("truncated", "backprop"):
+            # the kernels' backward passes read None as zeros and skip step 6,
+            # which would read the pairwise marginals (computed on first access)
+            grad_mu2 = None
         grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
         if warm:
             end = KERNELS[settings.inference].end(state)

@@ -31,7 +31,6 @@ METHODS = ("trw", "lbp", "mean_field", "exact")
 MIN_RHO = np.finfo(np.float64).tiny  # below it (subnormal) 1 / rho overflows to inf and TRW returns NaN
 
 
-@dataclass
 class InferenceResult:
     """Marginals and log-partition estimate returned by :func:`~sklearn_margcrf.infer`.
 
@@ -54,12 +53,29 @@ class InferenceResult:
         Edge appearance probabilities used (TRW and LBP).
     """
 
-    unary: np.ndarray
-    pairwise: np.ndarray
-    log_partition: float
-    n_iter: int
-    converged: bool
-    rho: np.ndarray = None
+    def __init__(self, unary, pairwise, log_partition, n_iter, converged, rho=None):
+        self.unary = unary
+        # an array, or (inside the package) a function computing it on first
+        # access: the gradients of losses of the unary marginals never read it
+        self._pairwise = pairwise
+        self.log_partition = log_partition
+        self.n_iter = n_iter
+        self.converged = converged
+        self.rho = rho
+
+    @property
+    def pairwise(self):
+        if callable(self._pairwise):
+            self._pairwise = self._pairwise()
+        return self._pairwise
+
+    @pairwise.setter
+    def pairwise(self, value):
+        self._pairwise = value
+
+    def __repr__(self):
+        return (f"InferenceResult(unary=<{self.unary.shape} {self.unary.dtype}>, log_partition={self.log_partition}, "
+                f"n_iter={self.n_iter}, converged={self.converged})")
 
 
 def resolve_rho(rho, method, n_nodes, edges):
@@ -234,12 +250,14 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
         mu, mu2, log_z = exact_inference(edges, unary, pairwise)
         return None, InferenceResult(mu, mu2, dtype(log_z), 0, True, None)
     state = KERNELS[method].forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start)
-    mu, mu2 = state.unary_marginals, state.pairwise_marginals
+    mu = state.unary_marginals
     if log_partition:
+        mu2 = state.pairwise_marginals
         entropy = method_entropy(method, edges, mu, mu2, rho)
         log_partition = dtype(np.sum(unary * mu) + np.sum(pairwise * mu2) + entropy)
-    else:
+    else:  # a kernel's state may compute them on first access (TRW on grids, mean field)
         log_partition = None
+        mu2 = lambda: state.pairwise_marginals  # noqa: E731
     result = InferenceResult(mu, mu2, log_partition, int(state.n_iter), bool(state.converged), rho)
     return state, result
 

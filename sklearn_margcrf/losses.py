@@ -67,6 +67,8 @@ MARGINAL_LOSSES = (
     "univariate_quadratic",
     "smooth_classification",
 )
+# the marginal losses that read the pairwise marginals (the others' pairwise gradient is zero)
+PAIRWISE_LOSSES = ("clique_logistic",)
 
 LOG_FLOOR = 1e-300
 _LOG_FLOOR_FLOAT32 = 1e-37  # 1 / floor stays finite in float32

@@ -920,6 +920,8 @@ class TRWState:
     ----------
     unary_marginals : (n, K) ndarray
     pairwise_marginals : (E, K, K) ndarray, laid out like ``pairwise``
+        (computed on first access by the states of the grid kernels: a loss
+        of the unary marginals alone never needs them)
     messages : (E, 2, K) ndarray (computed on access), ``messages[e, s]`` is
         the message from edge ``e`` into ``edges[e, s]``
     n_iter : int, iterations run
@@ -949,6 +951,12 @@ class TRWState:
     @property
     def messages(self):
         return self.slot_messages[self.slot_of]
+
+    @property
+    def pairwise_marginals(self):
+        if self._pairwise_marginals is None:
+            self._pairwise_marginals = _grid_pairwise_marginals(self)
+        return self._pairwise_marginals
 
     @property
     def slot_messages(self):
@@ -1261,8 +1269,9 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
             stack_pow = scratch((plan.n_slots, *snapshot_shape), dtype)
         push_slot = plan.forward_slots
     mu_u = scratch((n, K), dtype)
-    mu_p = scratch((E, K * K), dtype)
+    mu_p = None  # the grid kernels' states compute their pairwise marginals on first access
     if grid_kernels is None:
+        mu_p = scratch((E, K * K), dtype)
         it, converged, n_fallback = _trw_forward_kernel(
             kt, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
             edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
@@ -1270,12 +1279,11 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
         )
     else:
         grid_planes, it, converged, n_fallback = _grid_forward(
-            grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, edges, ptr,
-            slot_of, rho, rho_slot, eu, mu_u, mu_p,
+            grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu, mu_u,
         )
     return TRWState(
         unary_marginals=mu_u,
-        pairwise_marginals=mu_p.reshape(E, K, K),
+        _pairwise_marginals=None if mu_p is None else mu_p.reshape(E, K, K),
         n_iter=int(it),
         converged=bool(converged),
         stack_buffer=snapshots if plan is not None else None,
@@ -1321,11 +1329,12 @@ def _grid_planes(grid_kernels, M, MP, rho_mode):
     return flat_M, to_grid(MP) if rho_mode == _RHO_GENERAL else flat_M
 
 
-def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, edges, ptr,
-                  slot_of, rho, rho_slot, eu, mu_u, mu_p):
-    """``n_iter >= 1`` iterations on the planes and the marginals, as
+def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu,
+                  mu_u):
+    """``n_iter >= 1`` iterations on the planes and the unary marginals, as
     ``_trw_forward_kernel`` runs them for a fixed number of iterations
-    (marginals before the last iteration for ``converged``). ``M`` (and
+    (marginals before the last iteration for ``converged``; the pairwise
+    marginals on first access, :func:`_grid_pairwise_marginals`). ``M`` (and
     ``MP`` for a general rho; slot layout) hold the start and receive the
     final messages; the slot-layout powers for rho = 1/2 and the inverses
     are derived at the end. Returns the planes ``(M, P)``, the iterations,
@@ -1348,13 +1357,27 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     prev = scratch(mu_u.shape, mu_u.dtype)
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), prev)
     n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
-    MP = slot_powers()
-    IM = np.divide(1, M, out=scratch(M.shape, M.dtype))  # as the kernels invert
-    n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)
+    n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), mu_u)
     converged = _max_abs_diff(mu_u, prev) < tol
-    n_fallback += _pairwise_marginals(edges, ptr, slot_of, grid_kernels.forward_tables(), eu, unary,
-                                      grid_kernels.pairwise, rho, rho_slot, M, MP, IM, mu_p)
     return planes, n_iter, converged, n_fallback
+
+
+def _grid_pairwise_marginals(state):
+    """The pairwise marginals of a state of the grid kernels, from the final
+    messages as the slot path computes them (the same values, bit for bit),
+    on first access: a loss of the unary marginals alone then pays neither
+    for them nor for the slot-layout tables they read (K = 8, float64,
+    200 x 300: two arrays of 61 MB). Like every array of the state, they
+    read its scratch memory: access them inside the workspace of the
+    forward pass (``sklearn_margcrf._workspace``)."""
+    E, K = state.pairwise.shape[:2]
+    M, MP, IM = _slot_message_arrays(state)
+    mu_p = scratch((E, K * K), state.unary.dtype)
+    state.n_fallback += int(_pairwise_marginals(
+        state.edges, state.ptr, state.slot_of, state.grid_kernels.forward_tables(), state.eu, state.unary,
+        state.pairwise, state.rho, state.rho_slot, M, MP, IM, mu_p,
+    ))
+    return mu_p.reshape(E, K, K)
 
 
 def _keep_checkpoints(state):
@@ -1579,8 +1602,10 @@ def _backward_start_of(state, IM, gmu_u, gmu_p):
     g_u = scratch_full((n, K), 0, state.unary.dtype)
     g_p = scratch_full((E, K * K), 0, state.unary.dtype)
     Madj = scratch_full((2 * E, K), 0, np.float64)  # float64 in both precisions: see "Numerical stability"
+    # step 6 reads the pairwise marginals only when the loss has a pairwise term
+    mu_p = state.pairwise_marginals.reshape(E, K * K) if gmu_p.shape[0] else gmu_p
     _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, IM,
-                    state.unary_marginals, state.pairwise_marginals.reshape(E, K * K), gmu_u, gmu_p, g_u, g_p, Madj)
+                    state.unary_marginals, mu_p, gmu_u, gmu_p, g_u, g_p, Madj)
     return g_u, g_p, Madj
 
 

@@ -239,6 +239,32 @@ def test_grid_kernels_match_slot_kernels(shape, K, dtype, specialise, cases):
             assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("rho_value", [0.5, "random"])
+def test_grid_pairwise_marginals_on_first_access(rho_value):
+    """A state of the grid kernels computes its pairwise marginals when they
+    are first read (a loss of the unary marginals never reads them): read
+    after backward passes (checkpointed, twice) they are those read straight
+    after the forward pass and those of ``infer``, and the log-domain
+    fallbacks they needed are counted then."""
+    rng = np.random.default_rng(11)
+    edges = grid_edges(4, 5)
+    unary, pairwise = random_model(edges, 20, 2, rng)
+    unary, pairwise = unary * 800, pairwise * 800  # log-domain fallbacks
+    rho = make_rho(rho_value, len(edges), rng) if rho_value == "random" else np.full(len(edges), rho_value)
+    first = trw_forward(edges, unary, pairwise, rho, n_iter=5, keep_stack=True)
+    assert first.grid_kernels is not None
+    want, fallbacks = first.pairwise_marginals, first.n_fallback
+    later = trw_forward(edges, unary, pairwise, rho, n_iter=5, keep_stack=True, checkpoints=2)
+    g_mu = rng.normal(size=(20, 2))
+    for _ in range(2):
+        trw_backward(later, g_mu, None)
+    assert later.n_fallback < fallbacks  # not counted before the first read
+    assert np.array_equal(later.pairwise_marginals, want)
+    assert later.n_fallback == fallbacks
+    with pytest.warns(RuntimeWarning, match="at the floor"):  # parameters this large floor some messages
+        assert np.array_equal(infer(edges, unary, pairwise, n_iter=5, rho=rho).pairwise, want)
+
+
 @pytest.mark.parametrize("rho_value", [0.5, 1.0])
 @pytest.mark.parametrize("K", [2, 5])
 def test_stability_huge_parameters(K, rho_value):
