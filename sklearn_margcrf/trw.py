@@ -1336,8 +1336,8 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     (marginals before the last iteration for ``converged``; the pairwise
     marginals on first access, :func:`_grid_pairwise_marginals`). ``M`` (and
     ``MP`` for a general rho; slot layout) hold the start and receive the
-    final messages; the slot-layout powers for rho = 1/2 and the inverses
-    are derived at the end. Returns the planes ``(M, P)``, the iterations,
+    final messages; the slot-layout powers for rho = 1/2 are derived at
+    the end. Returns the planes ``(M, P)``, the iterations,
     whether converged and the number of fallbacks."""
     grid = grid_kernels.grid
     mode = grid_kernels.rho_mode
