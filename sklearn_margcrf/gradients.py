@@ -147,7 +147,10 @@ class _Problem:
         return state, result
 
     def backward(self, state, result, grad_unary_marginals, grad_pairwise_marginals):
-        """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise)."""
+        """Apply the transposed Jacobian d mu / d theta to (dQ/dmu_unary, dQ/dmu_pairwise);
+        ``grad_pairwise_marginals`` None means zeros, which the kernels'
+        backward passes skip (step 6 of back TRW, which would read the
+        pairwise marginals that grid states compute on first access)."""
         if self.mode == "truncated":
             return KERNELS[self.inference].backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="truncated")
         if not result.converged:
@@ -157,6 +160,8 @@ class _Problem:
                 state = copy.copy(state)
                 state.converged = True
             return self._backprop(state, grad_unary_marginals, grad_pairwise_marginals)
+        if grad_pairwise_marginals is None:  # perturbation and implicit differentiation use an array
+            grad_pairwise_marginals = np.zeros_like(self.pairwise)
         if self.mode == "perturbation":
             return self._perturbation(result, grad_unary_marginals, grad_pairwise_marginals)
         # implicit: scipy's sparse solver and the complex step run in float64;
@@ -422,9 +427,7 @@ def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None, s
         pairwise_term = settings.loss in PAIRWISE_LOSSES
         value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise if pairwise_term else None,
                                                  edges, labels, alpha=settings.alpha, node_weight=node_weight)
-        if not pairwise_term and problem.mode in ("truncated", "backprop"):
-            # the kernels' backward passes read None as zeros and skip step 6,
-            # which would read the pairwise marginals (computed on first access)
+        if not pairwise_term:  # None: zeros that the kernels' backward passes skip (_Problem.backward)
             grad_mu2 = None
         grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
         if warm:
