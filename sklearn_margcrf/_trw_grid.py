@@ -23,14 +23,17 @@ are the tables, the adjoints and the pairwise gradients (``[a, x_i K + x_j,
 l]``). A phase sees its family through ``(a, l)`` coordinates, ``a`` along the
 sweep and ``l`` along the line: own planes ``[a, p, x, l]`` (``_BEFORE``: from
 the neighbour at ``a - 1``, ``_AFTER``: from ``a + 1``), read contiguously
-along the line, and the other family's ``[l, p, x, a]``, read with a stride
-(the other family's adjoints are updated after the phase, in their own
-order). At the image border the absent neighbour's message is 1, and so is
-its power: a product then skips it exactly, and ``rho log 1 = 0`` in the log
-domain. The inverses of the messages, which the slot kernels keep, are
-computed where they are read (``1 / m``, the same rounding), which spares
-their planes' memory and traffic. One flat buffer holds the four planes
-(horizontal, then vertical).
+along the line. The other family's powers are read from a transposed copy
+in the phase's own orientation, which each phase refreshes for the plane it
+wrote (:func:`_transpose_plane`); its adjoints are updated after the phase,
+in their own order. At the image border the absent neighbour's message is 1,
+and so is its power: a product then skips it exactly, and ``rho log 1 = 0``
+in the log domain. The powers have planes of their own unless rho = 1 (for
+rho = 1/2 the slot kernels' ``sqrt(m)``, computed once per message written
+instead of in each of the four cavities that read it). The inverses of the
+messages, which the slot kernels keep, are computed where they are read
+(``1 / m``, the same rounding), which spares their planes' memory and
+traffic. One flat buffer holds the four planes (horizontal, then vertical).
 
 Marginals, steps 6 and 7 of back TRW and the rare log-domain recomputations
 are :mod:`sklearn_margcrf.trw`'s, on its slot layout; ``Grid`` converts.
@@ -44,7 +47,6 @@ from numba import njit
 from ._graph import grid_edges
 from ._workspace import scratch, scratch_copy, scratch_full
 from .trw import (
-    _RHO_GENERAL,
     _RHO_HALF,
     _RHO_ONE,
     _limits_of,
@@ -201,28 +203,19 @@ def _table_row_sum(K, backward, T, a, x, l):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode):
+def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one):
     """Step (a): the cavity of every sender of the line, in the product order
-    of the slot kernels (slots of the sender backwards: D, U, R, L).
-
-    The other family's messages into the senders (a strided read) are first
-    copied into ``gathered`` (two lines): the product loop then reads only
-    contiguous lines, which the compiler vectorises. Read in place, their
-    strides kept the loop scalar: measured (200 x 300, K = 2, float64, 20
-    iterations, in-process minimum of 10 runs, three alternating process
-    pairs): the forward pass 0.15-0.17 s against 0.22-0.23 s, the backward
-    pass unchanged (0.22-0.26 s both)."""
+    of the slot kernels (slots of the sender backwards: D, U, R, L). The
+    other family's powers come from their transposed copy ``Xx`` (see
+    :func:`_transpose_plane`), so every read runs along the line."""
     Lw = Mo.shape[3]
     for x in range(K):
         for l in range(Lw):
-            gathered[0, l] = Px[l, _AFTER, x, snd]
-            gathered[1, l] = Px[l, _BEFORE, x, snd]
-        for l in range(Lw):
             v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
-            oa = _power(rho_mode, Po[snd, _AFTER, x, l])
-            ob = _power(rho_mode, Po[snd, _BEFORE, x, l])
-            xa = _power(rho_mode, gathered[0, l])
-            xb = _power(rho_mode, gathered[1, l])
+            oa = Po[snd, _AFTER, x, l]
+            ob = Po[snd, _BEFORE, x, l]
+            xa = Xx[snd, _AFTER, x, l]
+            xb = Xx[snd, _BEFORE, x, l]
             if own_first:  # vertical family: own planes are U, D
                 v = v * oa * ob * xa * xb
             else:
@@ -230,13 +223,33 @@ def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rh
             cav[x, l] = v
 
 
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _power(rho_mode, stored):
-    """A message's power ``m ** rho`` from the power planes, which are the
-    message planes themselves for rho = 1 and for rho = 1/2: the square root
-    is computed where it is read (as the slot kernels store it), which spares
-    a plane's memory and traffic per message."""
-    return math.sqrt(stored) if rho_mode == _RHO_HALF else stored
+# the side of the square tiles of _transpose_plane
+_TILE = 32
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _transpose_plane(P, p, X):
+    """``X[l, p, x, a] = P[a, p, x, l]``: plane ``p`` of a family's powers
+    into the other family's orientation, where that family's cavities read
+    them along their lines. Copied tile by tile (``_TILE`` entries square),
+    so that reads and writes both run along rows of whole cache lines: read
+    in place instead, a line's cavity touched a cache line (and, 300 pixels
+    along a line at K = 8, a page) per entry. Measured (200 x 300, K = 8,
+    float64, 20 iterations, minimum of 5 runs in a process, three process
+    pairs): the forward pass 0.49-0.51 s against 0.56-0.59, the backward pass
+    0.87-0.89 s against 1.09-1.13 (K = 2: 0.076-0.078 / 0.086-0.091 s and
+    0.111-0.118 / 0.132-0.149 s), for one more set of planes in memory."""
+    A = P.shape[0]
+    K = P.shape[2]
+    L = P.shape[3]
+    for a0 in range(0, A, _TILE):
+        a1 = min(a0 + _TILE, A)
+        for x in range(K):
+            for l0 in range(0, L, _TILE):
+                l1 = min(l0 + _TILE, L)
+                for l in range(l0, l1):
+                    for a in range(a0, a1):
+                        X[l, p, x, a] = P[a, p, x, l]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -264,12 +277,36 @@ def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode):
         for l in range(Lw):
             m, _, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
             Mo[rcv, pt, x, l] = m
-            if rho_mode == _RHO_GENERAL:  # else Po is Mo
+            if rho_mode != _RHO_ONE:  # else Po is Mo
                 Po[rcv, pt, x, l] = p
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _message_line(K, Lw, backward, a, T, cav, out):
+    """Step (b): ``out[x_v] = sum over x_u of cav[x_u] tab[x_u, x_v]``, the
+    terms of each ``out[x_v]`` added in the order of ``x_u``. The loops run in
+    the table's memory order, ``[a, x_v, x_u, l]`` for the backward sweep and
+    ``[a, x_u, x_v, l]`` for the forward one, so that a line's table streams
+    through once (the same sums, bitwise)."""
+    if backward:
+        for xv in range(K):
+            for l in range(Lw):
+                out[xv, l] = cav[0, l] * T[a, xv, 0, l]
+            for xu in range(1, K):
+                for l in range(Lw):
+                    out[xv, l] += cav[xu, l] * T[a, xv, xu, l]
+    else:
+        for xv in range(K):
+            for l in range(Lw):
+                out[xv, l] = cav[0, l] * T[a, 0, xv, l]
+        for xu in range(1, K):
+            for xv in range(K):
+                for l in range(Lw):
+                    out[xv, l] += cav[xu, l] * T[a, xu, xv, l]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
+def _phase(kt, backward, Mo, Po, Xx, flat_M, eu_o, T, RHOo, rho_token, geometry, slot_of, ptr,
            rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One phase of a TRW iteration (Eq. TRW-msgs), line after line; returns
     the number of log-domain fallbacks. The forward sweep (``backward`` False)
@@ -287,7 +324,6 @@ def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry,
     out = scratch[K:2 * K]
     total = scratch[2 * K]
     inv = scratch[2 * K + 1]
-    gathered = scratch[2 * K + 2:]
     pt = _AFTER if backward else _BEFORE  # the plane written
     pr = _BEFORE if backward else _AFTER  # the reverse messages
     n_fallback = 0
@@ -295,13 +331,8 @@ def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry,
         a = A - 2 - step if backward else step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode)
-        for xv in range(K):
-            for l in range(Lw):
-                out[xv, l] = cav[0, l] * (T[a, xv, 0, l] if backward else T[a, 0, xv, l])
-            for xu in range(1, K):
-                for l in range(Lw):
-                    out[xv, l] += cav[xu, l] * (T[a, xv, xu, l] if backward else T[a, xu, xv, l])
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one)
+        _message_line(K, Lw, backward, a, T, cav, out)
         for l in range(Lw):
             total[l] = out[0, l]
         for x in range(1, K):
@@ -328,7 +359,7 @@ def _phase(kt, backward, Mo, Po, Px, flat_M, eu_o, T, RHOo, rho_token, geometry,
                     m += q[xu, xv]
                 m, _, p = _message_entry(m, rho_mode, rho_c, floor, one)
                 Mo[rcv, pt, xv, l] = m
-                if rho_mode == _RHO_GENERAL:
+                if rho_mode != _RHO_ONE:
                     Po[rcv, pt, xv, l] = p
     return n_fallback
 
@@ -376,7 +407,7 @@ def _plane_rho(rho_mode, RHO, p, i, j, half, one):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_pow_o, eu_o, T,
+def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_pow_o, eu_o, T,
                    RHOo, RHOx, rho_token, Ao, Ax, GP, g_u, geometry, slot_of, ptr, rho_slot, unary, pairwise, slot_pos,
                    scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 of Algorithm "Back TRW" for every update of a phase, in the
@@ -397,7 +428,6 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
     cav = scratch[:K]
     z = scratch[K]
     inv = scratch[K + 1]
-    gathered = scratch[2 * K + 2:]
     rv = adjoint_scratch[:K]
     h = adjoint_scratch[K:2 * K]
     dot = adjoint_scratch[2 * K]
@@ -418,7 +448,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
             for l in range(Lw):
                 rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
         # (a) s = tab * A(x_u), and its sum Z
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Px, cav, gathered, one, rho_mode)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one)
         for l in range(Lw):
             z[l] = cav[0, l] * _table_row_sum(K, backward, T, a, 0, l)
         for x in range(1, K):
@@ -438,8 +468,11 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
             for l in range(Lw):
                 h[x, l] = 0.0
         # (c) val = ((A tab) / Z) (nu / m_ci) into g_p; h = sum over x_i
-        for xv in range(K):
-            for xu in range(K):
+        for outer in range(K):
+            for inner in range(K):
+                # the table's and the adjoints' memory order (see _message_line);
+                # each h[x_u] gets its terms in the order of x_v either way
+                xv, xu = (outer, inner) if backward else (inner, outer)
                 gi = xv * K + xu if backward else xu * K + xv
                 for l in range(Lw):
                     val = cav[xu, l] * (T[a, xv, xu, l] if backward else T[a, xu, xv, l]) * inv[l] * rv[xv, l]
@@ -475,6 +508,8 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
                     Mo[rcv, pt, x, l] = m
                     if keep_pow:
                         Po[rcv, pt, x, l] = snap_pow_o[rcv, pt, x, l]
+                    elif rho_mode == _RHO_HALF:  # the snapshots keep no powers: as _message_entry derives them
+                        Po[rcv, pt, x, l] = math.sqrt(m)
         for x in range(K):
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
@@ -488,66 +523,93 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Px, Mx, flat_M, snap_o, snap_p
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h, geometry_v, slot_of, ptr,
-               rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
+def grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h, geometry_v, slot_of,
+               ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """One TRW iteration on the flat plane buffers ``M``, ``P`` (messages,
-    powers); returns the number of log-domain fallbacks."""
+    powers); returns the number of log-domain fallbacks. ``X`` holds the
+    powers transposed (:func:`_transpose_all`) and is kept so: after each
+    phase, the plane it wrote."""
     K = eu_h.shape[1]
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
-    n = _phase(kt, False, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    Vh, Hv = _views(X, H, W, K)
+    n = _phase(kt, False, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, False, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    _transpose_plane(Ph, _BEFORE, Hv)
+    n += _phase(kt, False, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, Mv, Pv, Ph, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+    _transpose_plane(Pv, _BEFORE, Vh)
+    n += _phase(kt, True, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    n += _phase(kt, True, Mh, Ph, Pv, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+    _transpose_plane(Pv, _AFTER, Vh)
+    n += _phase(kt, True, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+    _transpose_plane(Ph, _AFTER, Hv)
     return n
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def grid_reverse_sweep(kt, H, W, restore, M, P, snap, snap_pow, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
+def _transpose_all(H, W, P, X):
+    """``X``: the vertical family's powers in the horizontal family's layout
+    (``[c, p, x, r]``, first half), the horizontal family's in the vertical
+    one's (``[r, p, x, c]``, second half)."""
+    K = P.shape[0] // (4 * H * W)
+    Ph, Pv = _views(P, H, W, K)
+    Vh, Hv = _views(X, H, W, K)
+    for p in range(2):
+        _transpose_plane(Ph, p, Hv)
+        _transpose_plane(Pv, p, Vh)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def grid_reverse_sweep(kt, H, W, restore, M, P, X, snap, snap_pow, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
                        Madj, GP_h, GP_v, g_u, geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise,
                        slot_pos, scratch, adjoint_scratch, adjoint_held, bad, loc, cav1, q):
     """Step 8 for a whole iteration: the four phases of :func:`grid_sweep` in
     reverse, restoring the messages from the snapshot ``snap`` (flat planes)
-    with ``restore``."""
+    with ``restore``; ``X`` as in :func:`grid_sweep`."""
     K = eu_h.shape[1]
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
+    Vh, Hv = _views(X, H, W, K)
     Ah, Av = _views(Madj, H, W, K)
     Sh, Sv = _views(snap, H, W, K)
     if snap_pow.shape[0] > 0:
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
+    _reverse_phase(kt, True, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, True, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
+    _transpose_plane(Ph, _AFTER, Hv)
+    _reverse_phase(kt, True, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, restore, Mv, Pv, Ph, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
+    _transpose_plane(Pv, _AFTER, Vh)
+    _reverse_phase(kt, False, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _reverse_phase(kt, False, restore, Mh, Ph, Pv, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
+    _transpose_plane(Pv, _BEFORE, Vh)
+    _reverse_phase(kt, False, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+    _transpose_plane(Ph, _BEFORE, Hv)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
+def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
          geometry_h, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc, cav1, q):
     """``n_sweeps`` iterations; before iteration ``it`` the messages (and
-    powers) are kept in ``stack[push_slot[it]]`` when that is >= 0."""
+    powers) are kept in ``stack[push_slot[it]]`` when that is >= 0. ``X``:
+    room for the transposed powers."""
+    _transpose_all(H, W, P, X)
     n_fallback = 0
     for it in range(n_sweeps):
         if push_slot[it] >= 0:
             stack[push_slot[it]] = M
             if stack_pow.shape[0] > 0:
                 stack_pow[push_slot[it]] = P
-        n_fallback += grid_sweep(kt, H, W, M, P, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
+        n_fallback += grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
                                  geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc,
                                  cav1, q)
     return n_fallback
@@ -592,13 +654,29 @@ class GridKernels:
         self.rho_v = scratch_full((H, 2, W), 1, dtype)
         self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
         lanes = max(H, W)
-        self.scratch = np.empty((2 * K + 4, lanes), dtype)
+        self.scratch = np.empty((2 * K + 2, lanes), dtype)
         self.adjoint_scratch = np.empty((2 * K + 1, lanes))
         self.held = scratch(K * H * W, np.float64)
         self.bad = np.empty(lanes, np.int64)
         self.loc = np.empty((4, K), dtype)
         self.cav1 = np.empty(K, dtype)
         self.q = np.empty((K, K), dtype)
+        self._work_powers = None
+        self.transposed = scratch(self.grid.size, dtype)  # the powers transposed (_transpose_all)
+        self._transposed_of = None  # the power planes that ``transposed`` holds, transposed
+
+    def powers_of(self, M, out=None):
+        """The power planes of the message planes ``M`` (rho 1 or 1/2; as
+        :func:`sklearn_margcrf.trw._message_entry` derives them): ``M`` itself
+        for rho = 1, else ``sqrt(M)`` into ``out`` or into one plane buffer
+        the kernels keep for the reruns of a checkpointed backward pass."""
+        if self.rho_mode == _RHO_ONE:
+            return M
+        if out is None:
+            if self._work_powers is None:
+                self._work_powers = scratch(self.grid.size, self.dtype)
+            out = self._work_powers
+        return np.sqrt(M, out=out)
 
     def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):
         """``n_sweeps`` iterations on the flat planes; returns the fallback count."""
@@ -606,9 +684,10 @@ class GridKernels:
         if push_slot is None:
             push_slot = np.full(n_sweeps, -1, np.int64)
         empty = np.empty((0, 0), self.dtype)
+        self._transposed_of = None  # _run transposes its own powers
         return _run(
             self.kt, n_sweeps, push_slot, empty if stack is None else stack, empty if stack_pow is None else stack_pow,
-            g.height, g.width, M, P, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
+            g.height, g.width, M, P, self.transposed, self.eu_h, self.eu_v, self.T_h, self.T_v, self.rho_h, self.rho_v,
             self.rho_token, g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary,
             self.pairwise, g.slot_pos, self.scratch, self.bad, self.loc, self.cav1, self.q,
         )
@@ -617,8 +696,11 @@ class GridKernels:
         """One reverse iteration (step 8 for every update), restoring the
         messages from ``snapshot`` with ``restore``."""
         g = self.grid
+        if self._transposed_of is not P:
+            _transpose_all(g.height, g.width, P, self.transposed)
+            self._transposed_of = P
         grid_reverse_sweep(
-            self.kt, g.height, g.width, restore, M, P, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
+            self.kt, g.height, g.width, restore, M, P, self.transposed, snapshot, snapshot_pow, self.eu_h, self.eu_v, self.T_h,
             self.T_v, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
             g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
             self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,
