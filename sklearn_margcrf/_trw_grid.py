@@ -28,9 +28,9 @@ in the phase's own orientation, which each phase refreshes for the plane it
 wrote (:func:`_transpose_plane`); its adjoints are updated after the phase,
 in their own order. At the image border the absent neighbour's message is 1,
 and so is its power: a product then skips it exactly, and ``rho log 1 = 0``
-in the log domain. The powers have planes of their own unless rho = 1 (for
-rho = 1/2 the slot kernels' ``sqrt(m)``, computed once per message written
-instead of in each of the four cavities that read it). The inverses of the
+in the log domain. The powers have planes of their own only for a general
+rho; for rho = 1/2 the square roots are taken where the messages are read,
+and as the transposed copy is refreshed. The inverses of the
 messages, which the slot kernels keep, are computed where they are read
 (``1 / m``, the same rounding), which spares their planes' memory and
 traffic. One flat buffer holds the four planes (horizontal, then vertical).
@@ -47,6 +47,7 @@ from numba import njit
 from ._graph import grid_edges
 from ._workspace import scratch, scratch_copy, scratch_full
 from .trw import (
+    _RHO_GENERAL,
     _RHO_HALF,
     _RHO_ONE,
     _limits_of,
@@ -185,6 +186,20 @@ def build_grid_tables(pairwise, rho, H, W, T_h, T_v):
                 T[a, xi, xj, l] = math.exp((pairwise[c, xi, xj] - top) * inv_rho)
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _row_sum(K, backward, d, R, T, a, x, l):
+    """Entry ``[a, d, x, l]`` of :func:`build_row_sums`, from ``R`` when it
+    was built (more than two labels), else summed here: with two labels a
+    row sum is one addition, and not keeping them spares 2 E K values (3.8 MB
+    at 200 x 300 in float64, which keeps ``checkpoints=14`` at 200 iterations
+    within 100 MB)."""
+    if R.shape[0] > 0:
+        return R[a, d, x, l]
+    if backward:
+        return T[a, 0, x, l] + T[a, 1, x, l]
+    return T[a, x, 0, l] + T[a, x, 1, l]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def build_row_sums(T, R):
     """``R[a, d, x, l]``: the sum of edge ``(a, l)``'s table over the
@@ -207,7 +222,7 @@ def build_row_sums(T, R):
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one):
+def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode):
     """Step (a): the cavity of every sender of the line, in the product order
     of the slot kernels (slots of the sender backwards: D, U, R, L). The
     other family's powers come from their transposed copy ``Xx`` (see
@@ -216,8 +231,8 @@ def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one):
     for x in range(K):
         for l in range(Lw):
             v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
-            oa = Po[snd, _AFTER, x, l]
-            ob = Po[snd, _BEFORE, x, l]
+            oa = _power(rho_mode, Po[snd, _AFTER, x, l])
+            ob = _power(rho_mode, Po[snd, _BEFORE, x, l])
             xa = Xx[snd, _AFTER, x, l]
             xb = Xx[snd, _BEFORE, x, l]
             if own_first:  # vertical family: own planes are U, D
@@ -227,13 +242,23 @@ def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one):
             cav[x, l] = v
 
 
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _power(rho_mode, stored):
+    """A message's power ``m ** rho`` from the power planes, which are the
+    message planes themselves for rho = 1 and for rho = 1/2: the square root
+    is computed where it is read (as the slot kernels store it), which spares
+    a plane's memory and traffic per message (and keeps ``checkpoints=14``
+    at 200 iterations, K = 2, float64, within 100 MB)."""
+    return math.sqrt(stored) if rho_mode == _RHO_HALF else stored
+
+
 # the side of the square tiles of _transpose_plane
 _TILE = 32
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _transpose_plane(P, p, X):
-    """``X[l, p, x, a] = P[a, p, x, l]``: plane ``p`` of a family's powers
+def _transpose_plane(rho_token, P, p, X):
+    """``X[l, p, x, a] = P[a, p, x, l] ** rho``: plane ``p`` of a family's powers
     into the other family's orientation, where that family's cavities read
     them along their lines. Copied tile by tile (``_TILE`` entries square),
     so that reads and writes both run along rows of whole cache lines: read
@@ -243,6 +268,7 @@ def _transpose_plane(P, p, X):
     pairs): the forward pass 0.49-0.51 s against 0.56-0.59, the backward pass
     0.87-0.89 s against 1.09-1.13 (K = 2: 0.076-0.078 / 0.086-0.091 s and
     0.111-0.118 / 0.132-0.149 s), for one more set of planes in memory."""
+    rho_mode = len(rho_token)  # a constant (see GridKernels.rho_token)
     A = P.shape[0]
     K = P.shape[2]
     L = P.shape[3]
@@ -253,7 +279,7 @@ def _transpose_plane(P, p, X):
                 l1 = min(l0 + _TILE, L)
                 for l in range(l0, l1):
                     for a in range(a0, a1):
-                        X[l, p, x, a] = P[a, p, x, l]
+                        X[l, p, x, a] = _power(rho_mode, P[a, p, x, l])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -281,7 +307,7 @@ def _store_line(K, Lw, pt, rcv, out, inv, RHOo, Mo, Po, floor, one, rho_mode):
         for l in range(Lw):
             m, _, p = _message_entry(out[x, l] * inv[l], rho_mode, RHOo[rcv, pt, l], floor, one)
             Mo[rcv, pt, x, l] = m
-            if rho_mode != _RHO_ONE:  # else Po is Mo
+            if rho_mode == _RHO_GENERAL:  # else Po is Mo
                 Po[rcv, pt, x, l] = p
 
 
@@ -335,7 +361,7 @@ def _phase(kt, backward, Mo, Po, Xx, flat_M, eu_o, T, RHOo, rho_token, geometry,
         a = A - 2 - step if backward else step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode)
         _message_line(K, Lw, backward, a, T, cav, out)
         for l in range(Lw):
             total[l] = out[0, l]
@@ -363,7 +389,7 @@ def _phase(kt, backward, Mo, Po, Xx, flat_M, eu_o, T, RHOo, rho_token, geometry,
                     m += q[xu, xv]
                 m, _, p = _message_entry(m, rho_mode, rho_c, floor, one)
                 Mo[rcv, pt, xv, l] = m
-                if rho_mode != _RHO_ONE:
+                if rho_mode == _RHO_GENERAL:
                     Po[rcv, pt, xv, l] = p
     return n_fallback
 
@@ -453,12 +479,12 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
             for l in range(Lw):
                 rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
         # (a) s = tab * A(x_u), and its sum Z
-        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one)
+        _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode)
         for l in range(Lw):
-            z[l] = cav[0, l] * R[a, d, 0, l]
+            z[l] = cav[0, l] * _row_sum(K, backward, d, R, T, a, 0, l)
         for x in range(1, K):
             for l in range(Lw):
-                z[l] += cav[x, l] * R[a, d, x, l]
+                z[l] += cav[x, l] * _row_sum(K, backward, d, R, T, a, x, l)
         n_bad = 0
         for l in range(Lw):
             if z[l] > tiny and z[l] < huge:
@@ -513,8 +539,6 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
                     Mo[rcv, pt, x, l] = m
                     if keep_pow:
                         Po[rcv, pt, x, l] = snap_pow_o[rcv, pt, x, l]
-                    elif rho_mode == _RHO_HALF:  # the snapshots keep no powers: as _message_entry derives them
-                        Po[rcv, pt, x, l] = math.sqrt(m)
         for x in range(K):
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
@@ -540,21 +564,21 @@ def grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
     Vh, Hv = _views(X, H, W, K)
     n = _phase(kt, False, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(Ph, _BEFORE, Hv)
+    _transpose_plane(rho_token, Ph, _BEFORE, Hv)
     n += _phase(kt, False, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(Pv, _BEFORE, Vh)
+    _transpose_plane(rho_token, Pv, _BEFORE, Vh)
     n += _phase(kt, True, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(Pv, _AFTER, Vh)
+    _transpose_plane(rho_token, Pv, _AFTER, Vh)
     n += _phase(kt, True, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                 unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(Ph, _AFTER, Hv)
+    _transpose_plane(rho_token, Ph, _AFTER, Hv)
     return n
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _transpose_all(H, W, P, X):
+def _transpose_all(rho_token, H, W, P, X):
     """``X``: the vertical family's powers in the horizontal family's layout
     (``[c, p, x, r]``, first half), the horizontal family's in the vertical
     one's (``[r, p, x, c]``, second half)."""
@@ -562,8 +586,8 @@ def _transpose_all(H, W, P, X):
     Ph, Pv = _views(P, H, W, K)
     Vh, Hv = _views(X, H, W, K)
     for p in range(2):
-        _transpose_plane(Ph, p, Hv)
-        _transpose_plane(Pv, p, Vh)
+        _transpose_plane(rho_token, Ph, p, Hv)
+        _transpose_plane(rho_token, Pv, p, Vh)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -588,19 +612,19 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, X, snap, snap_pow, eu_h, eu_v, T
     _reverse_phase(kt, True, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(Ph, _AFTER, Hv)
+    _transpose_plane(rho_token, Ph, _AFTER, Hv)
     _reverse_phase(kt, True, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(Pv, _AFTER, Vh)
+    _transpose_plane(rho_token, Pv, _AFTER, Vh)
     _reverse_phase(kt, False, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
                    Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(Pv, _BEFORE, Vh)
+    _transpose_plane(rho_token, Pv, _BEFORE, Vh)
     _reverse_phase(kt, False, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
                    Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                    adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(Ph, _BEFORE, Hv)
+    _transpose_plane(rho_token, Ph, _BEFORE, Hv)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -609,7 +633,7 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, X, eu_h, eu_v, T
     """``n_sweeps`` iterations; before iteration ``it`` the messages (and
     powers) are kept in ``stack[push_slot[it]]`` when that is >= 0. ``X``:
     room for the transposed powers."""
-    _transpose_all(H, W, P, X)
+    _transpose_all(rho_token, H, W, P, X)
     n_fallback = 0
     for it in range(n_sweeps):
         if push_slot[it] >= 0:
@@ -668,23 +692,9 @@ class GridKernels:
         self.loc = np.empty((4, K), dtype)
         self.cav1 = np.empty(K, dtype)
         self.q = np.empty((K, K), dtype)
-        self._work_powers = None
         self.transposed = scratch(self.grid.size, dtype)  # the powers transposed (_transpose_all)
         self._transposed_of = None  # the power planes that ``transposed`` holds, transposed
         self.row_sums = None  # (h, v) for the backward pass, built at its first reverse iteration
-
-    def powers_of(self, M, out=None):
-        """The power planes of the message planes ``M`` (rho 1 or 1/2; as
-        :func:`sklearn_margcrf.trw._message_entry` derives them): ``M`` itself
-        for rho = 1, else ``sqrt(M)`` into ``out`` or into one plane buffer
-        the kernels keep for the reruns of a checkpointed backward pass."""
-        if self.rho_mode == _RHO_ONE:
-            return M
-        if out is None:
-            if self._work_powers is None:
-                self._work_powers = scratch(self.grid.size, self.dtype)
-            out = self._work_powers
-        return np.sqrt(M, out=out)
 
     def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):
         """``n_sweeps`` iterations on the flat planes; returns the fallback count."""
@@ -705,9 +715,11 @@ class GridKernels:
         messages from ``snapshot`` with ``restore``."""
         g = self.grid
         if self._transposed_of is not P:
-            _transpose_all(g.height, g.width, P, self.transposed)
+            _transpose_all(self.rho_token, g.height, g.width, P, self.transposed)
             self._transposed_of = P
-        if self.row_sums is None:
+        if self.row_sums is None and self.K == 2:  # summed where read (see _row_sum)
+            self.row_sums = (np.empty((0, 2, 2, 0), self.dtype),) * 2
+        elif self.row_sums is None:
             self.row_sums = (scratch((g.width - 1, 2, self.K, g.height), self.dtype),
                              scratch((g.height - 1, 2, self.K, g.width), self.dtype))
             build_row_sums(self.T_h, self.row_sums[0])

@@ -1322,12 +1322,11 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
 
 def _grid_planes(grid_kernels, M, MP, rho_mode):
     """The slot-layout messages and powers as flat planes (absent neighbours:
-    1); the power planes are the message planes for rho = 1."""
+    1); the power planes are the message planes unless rho is general (the
+    grid kernels take square roots where they read them)."""
     to_grid = grid_kernels.grid.to_grid
     flat_M = to_grid(M)
-    if rho_mode == _RHO_GENERAL:
-        return flat_M, to_grid(MP)
-    return flat_M, grid_kernels.powers_of(flat_M, scratch(flat_M.shape, flat_M.dtype))
+    return flat_M, to_grid(MP) if rho_mode == _RHO_GENERAL else flat_M
 
 
 def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu,
@@ -1402,8 +1401,8 @@ def _work_arrays(state, load):
     """``(M, MP, IM)`` to rerun iterations in place in the work slot, from
     snapshot ``load`` (-1: what the work slot holds), with the powers and
     inverses derived as the forward pass derived them, so that recomputed
-    iterations match bit for bit. The grid kernels read no inverses (None)
-    and, for rho = 1/2, derive the powers into a plane of their own."""
+    iterations match bit for bit. The grid kernels read neither inverses
+    (None) nor, for rho = 1/2, powers: they compute them where they read them."""
     work = state.checkpoint_plan.work_slot
     stack, powers = state.stack_buffer, state.snapshot_powers
     if load >= 0:
@@ -1413,10 +1412,8 @@ def _work_arrays(state, load):
     M = stack[work]
     grid = state.grid_kernels is not None
     IM = None if grid else np.divide(1, M, out=scratch(M.shape, M.dtype))
-    if state.rho_mode == _RHO_ONE:
+    if state.rho_mode == _RHO_ONE or (state.rho_mode == _RHO_HALF and grid):
         MP = M
-    elif state.rho_mode == _RHO_HALF and grid:
-        MP = state.grid_kernels.powers_of(M)
     elif state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M, out=scratch(M.shape, M.dtype))
     else:
@@ -1622,7 +1619,7 @@ def _grid_backward(state, gmu_u, gmu_p):
     dtype = g_p.dtype
     del g_p  # the pairwise adjoints live in GP_h, GP_v until the end
     M = scratch_copy(state.grid_planes[0])
-    P = M if state.rho_mode == _RHO_ONE else scratch_copy(state.grid_planes[1])
+    P = scratch_copy(state.grid_planes[1]) if state.rho_mode == _RHO_GENERAL else M
     snapshots, powers = state.stack_buffer, state.snapshot_powers
     no_powers = np.empty(0, M.dtype)
 
