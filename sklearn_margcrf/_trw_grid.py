@@ -693,9 +693,10 @@ class GridKernels:
         # their own (``powers``, sqrt of the caller's message planes, which
         # are also its power planes): the square roots once per message
         # written rather than in the four cavities that read it. Measured
-        # (200 x 300, 20 iterations, float64, loss_and_grad): K = 8
-        # 1.24-1.25 s against 1.32 s; at K = 2 they save less than their
-        # memory costs (checkpoints=14 at 200 iterations: 112 MB against 97).
+        # (200 x 300, 20 iterations, float64, loss_and_grad, processes
+        # alternating): K = 8 1.30-1.32 s against 1.36-1.40 s without; at
+        # K = 2 their memory costs more than they save (checkpoints=14 at 200
+        # iterations: 112 MB against 97, beyond the 100 MB of issue 32).
         self.rho_mode = rho_mode
         keeps_powers = rho_mode == _RHO_HALF and K > 2
         self.rho_token = (0,) * (_RHO_HALF_PLANES if keeps_powers else rho_mode)
