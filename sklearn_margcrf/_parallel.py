@@ -178,10 +178,22 @@ def _room_for(path, what):
 
 def _call(func, batch, args, starts):
     """``func`` on one batch (worker side): (per-image results, the ends of
-    ``starts`` when they must travel back, else None)."""
-    if starts is None:
-        return func(batch, *args), None
-    return func(batch, *args, starts), starts.travelling_ends()
+    ``starts`` when they must travel back, else None).
+
+    The scratch buffers that the batch's images shared are dropped at the
+    end (``_workspace.release``): a process worker's tasks are not pinned to
+    one batch, and kept buffers sized for the other batch's largest image
+    took a worker past loky's memory-leak margin (300 MB above its size
+    after its first task), so that loky replaced it. Measured (2026-12-03,
+    16 full-resolution horses, 2 loky workers): pools of 189 and 873 MB,
+    five workers replaced in a fit of 3 L-BFGS iterations, two workers 0.73-
+    0.87 times as fast as one. The images of a batch still share them."""
+    try:
+        if starts is None:
+            return func(batch, *args), None
+        return func(batch, *args, starts), starts.travelling_ends()
+    finally:
+        release()
 
 
 @dataclass

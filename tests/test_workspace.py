@@ -78,6 +78,35 @@ def test_the_pool_keeps_at_most_one_and_a_quarter_of_the_largest_computation():
         tracemalloc.stop()
 
 
+def test_the_pool_stays_bounded_when_small_arrays_take_large_buffers():
+    """A small array handed a large free buffer makes the next large one take
+    a new buffer; the pool's bound follows what the computations ask for, so
+    such mismatches do not make it grow from one computation to the next."""
+    release()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        rng = np.random.default_rng(0)
+        asked = [(1_000_000, 100_000)] + [tuple(rng.permutation([150_000, 200_000, 250_000, 1_000_000]))
+                                          for _ in range(30)]
+        for sizes in asked:
+            with workspace():
+                for n in sizes:
+                    scratch(n, np.uint8)
+        kept = tracemalloc.get_traced_memory()[0] - base
+        most = max(sum(sizes) for sizes in asked)
+        assert kept <= 1.25 * (1.125 * most + 64) + 4096
+        # what one computation asks for is still served from the pool
+        with workspace():
+            a = scratch(1_000_000, np.uint8)
+            b = scratch(250_000, np.uint8)
+        assert tracemalloc.get_traced_memory()[0] - base < kept + 4096  # no new buffer
+        del a, b
+    finally:
+        release()
+        tracemalloc.stop()
+
+
 def test_gradients_computed_in_a_workspace_equal_those_outside():
     edges = grid_edges(6, 7)
     rng = np.random.default_rng(0)
