@@ -19,7 +19,10 @@ buffers of the thread's previous workspace; outside a workspace it is
 the per-batch functions copy out what they keep (marginals, the messages of
 warm starts) before the workspace ends, and nothing else leaves it but new
 arrays (the weight gradients). Each thread keeps at most 1.25 times the
-scratch of its largest computation until :func:`release` or the thread's end.
+scratch of its largest computation (with the buffers' headroom) until
+:func:`release`, which the parallel map calls at the end of each batch
+(``sklearn_margcrf._parallel._call``): the images of a batch share buffers,
+successive maps do not.
 """
 
 import threading
