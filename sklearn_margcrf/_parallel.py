@@ -408,7 +408,6 @@ class ImageBatches:
 
     def __exit__(self, *exc):
         self._stop_workers(*exc)
-        release()  # the scratch buffers this thread kept between images (sklearn_margcrf._workspace)
         self._handles = self._client = None
         if self._folder_manager is not None:
             self._folder_manager._clean_temporary_resources(force=True)

@@ -746,14 +746,12 @@ class GridKernels:
         """One reverse iteration (step 8 for every update), restoring the
         messages from ``snapshot`` with ``restore``."""
         g = self.grid
+        powers = P if self.powers is None else self.powers  # the kernels keep their own in step with M
         if self._transposed_of is not P:
             if self.powers is not None:
                 np.sqrt(M, out=self.powers)
-            _transpose_all(self.rho_token, g.height, g.width, P if self.powers is None else self.powers,
-                           self.transposed)
+            _transpose_all(self.rho_token, g.height, g.width, powers, self.transposed)
             self._transposed_of = P
-        if self.powers is not None:  # the kernels keep it in step with M from here on
-            P = self.powers
         if self.row_sums is None and self.K == 2:  # summed where read (see _row_sum)
             self.row_sums = (np.empty((0, 2, 2, 0), self.dtype),) * 2
         elif self.row_sums is None:
@@ -762,7 +760,7 @@ class GridKernels:
             build_row_sums(self.T_h, self.row_sums[0])
             build_row_sums(self.T_v, self.row_sums[1])
         grid_reverse_sweep(
-            self.kt, g.height, g.width, restore, M, P, self.transposed, snapshot, snapshot_pow, self.eu_h, self.eu_v,
+            self.kt, g.height, g.width, restore, M, powers, self.transposed, snapshot, snapshot_pow, self.eu_h, self.eu_v,
             self.T_h, self.T_v, *self.row_sums, self.rho_h, self.rho_v, self.rho_token, Madj, GP_h, GP_v, g_u,
             g.geometry_h, g.geometry_v, self.slot_of, self.ptr, self.rho_slot, self.unary, self.pairwise, g.slot_pos,
             self.scratch, self.adjoint_scratch, self.held, self.bad, self.loc, self.cav1, self.q,

@@ -112,7 +112,7 @@ def scratch(shape, dtype):
 
 
 def release():
-    """Drop this thread's pooled buffers (the estimator calls it at the end of a fit)."""
+    """Drop this thread's pooled buffers (the parallel map calls it at the end of each batch)."""
     pool = getattr(_local, "pool", None)
     if pool is not None and pool.depth == 0:
         pool.free, pool.most, pool.asked = [], 0, 0
