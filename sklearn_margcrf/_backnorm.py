@@ -23,12 +23,14 @@ def backnorm(g, c, out):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def backnorm_ratio(g, c, out):
-    """Write ``backnorm(g, c) / c = g - g . c`` into ``out``: what back TRW
-    needs, ``nu / m``, without forming ``c * (...) / c``, whose factors can
-    leave the floating-point range for entries ``c`` near the message floor."""
-    dot = g[0] * c[0]
-    for k in range(1, c.shape[0]):
-        dot += g[k] * c[k]
-    for k in range(c.shape[0]):
-        out[k] = g[k] - dot
+def backnorm_ratio_of_scaled(b, inv_c, out):
+    """Write ``backnorm(g, c) / c = g - g . c`` into ``out`` from the scaled
+    adjoint ``b = g * c`` and ``inv_c = 1 / c``: ``b / c - sum(b)``. Back TRW
+    keeps ``g * c``, which stays within the range of its precision where
+    ``g`` itself would not (entries ``c`` near the message floor), and needs
+    ``nu / c`` rather than ``nu``, whose ``c * (...) / c`` could also leave it."""
+    total = b[0]
+    for k in range(1, b.shape[0]):
+        total += b[k]
+    for k in range(b.shape[0]):
+        out[k] = b[k] * inv_c[k] - total

@@ -58,6 +58,7 @@ from .trw import (
     _log_joint_of_cavity,
     _message_entry,
     _pairwise_top,
+    _rare_adjoint_terms,
 )
 
 _BEFORE = 0  # plane L (horizontal family) or U (vertical)
@@ -413,24 +414,22 @@ def _phase(kt, backward, Mo, Po, Xx, flat_M, eu_o, T, RHOo, rho_token, geometry,
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, inv_floor, zero, half, one, rho_mode):
+def _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, floor, zero, half, one, rho_mode):
     """Step (e) for a line, the own family's planes: ``rho_d h / m_d`` into
     the adjoints of the messages into the senders, then ``-h / m_c`` into the
-    reverse ones."""
+    reverse ones (times ``m``: the adjoints are scaled)."""
     for p in range(2):
         for x in range(K):
             for l in range(Lw):
-                ik = one / Mo[snd, p, x, l]
                 rk = _plane_rho(rho_mode, RHOo, p, snd, l, half, one)
-                Ao[snd, p, x, l] += _live(rk * h[x, l] * ik, ik, inv_floor, zero)
+                Ao[snd, p, x, l] += _live(rk * h[x, l], Mo[snd, p, x, l], floor, zero)
     for x in range(K):
         for l in range(Lw):
-            ir = one / Mo[snd, pr, x, l]
-            Ao[snd, pr, x, l] -= _live(h[x, l] * ir, ir, inv_floor, zero)
+            Ao[snd, pr, x, l] -= _live(h[x, l], Mo[snd, pr, x, l], floor, zero)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _other_adjoints(K, senders, held, Mx, RHOx, Ax, inv_floor, zero, half, one, rho_mode):
+def _other_adjoints(K, senders, held, Mx, RHOx, Ax, floor, zero, half, one, rho_mode):
     """Step (e) for a whole phase, the other family's planes, from the kept
     ``held[l, x, a] = h`` of every sender: each of these adjoints receives
     one term per phase and none is read within it, so they can wait for the
@@ -439,9 +438,8 @@ def _other_adjoints(K, senders, held, Mx, RHOx, Ax, inv_floor, zero, half, one, 
         for p in range(2):
             for x in range(K):
                 for a in senders:
-                    ik = one / Mx[l, p, x, a]
                     rk = _plane_rho(rho_mode, RHOx, p, l, a, half, one)
-                    Ax[l, p, x, a] += _live(rk * held[l, x, a] * ik, ik, inv_floor, zero)
+                    Ax[l, p, x, a] += _live(rk * held[l, x, a], Mx[l, p, x, a], floor, zero)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -465,7 +463,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
     ``restore``, the messages are restored from the snapshot planes
     ``snap_o`` (``snap_pow_o``)."""
     K = len(kt) if len(kt) > 0 else Mo.shape[2]
-    _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu_o)
+    floor, tiny, huge, _, zero, half, one = _limits_of(eu_o)
     rho_mode = len(rho_token)
     own_first = geometry[7] == 1
     keep_pow = snap_pow_o.shape[0] > 0
@@ -478,7 +476,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
     inv = scratch[K + 1]
     rv = adjoint_scratch[:K]
     h = adjoint_scratch[K:2 * K]
-    dot = adjoint_scratch[2 * K]
+    dot = adjoint_scratch[2 * K]  # the sum of the scaled adjoints, then of |nu / m|
     held = adjoint_held[:Lw * K * A].reshape((Lw, K, A))
     pt = _AFTER if backward else _BEFORE
     pr = _BEFORE if backward else _AFTER
@@ -487,15 +485,21 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
         a = step if backward else A - 2 - step
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
-        # (b) nu / m_ci = g - g . m_ci
+        # (b) nu / m_ci = g - g . m_ci, from the scaled adjoints m_ci g held
+        # in Ao: Ao / m_ci - sum Ao (trw.backnorm_ratio_of_scaled, lane by lane)
         for l in range(Lw):
-            dot[l] = Ao[rcv, pt, 0, l] * Mo[rcv, pt, 0, l]
+            dot[l] = Ao[rcv, pt, 0, l]
         for x in range(1, K):
             for l in range(Lw):
-                dot[l] += Ao[rcv, pt, x, l] * Mo[rcv, pt, x, l]
+                dot[l] += Ao[rcv, pt, x, l]
         for x in range(K):
             for l in range(Lw):
-                rv[x, l] = Ao[rcv, pt, x, l] - dot[l]
+                rv[x, l] = Ao[rcv, pt, x, l] * (one / Mo[rcv, pt, x, l]) - dot[l]
+        for l in range(Lw):  # trw._moderate's sum, lane by lane
+            dot[l] = abs(rv[0, l])
+        for x in range(1, K):
+            for l in range(Lw):
+                dot[l] += abs(rv[x, l])
         # (a) s = tab * A(x_u), and its sum Z
         _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode)
         for l in range(Lw):
@@ -505,14 +509,15 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
                 z[l] += cav[x, l] * _row_sum(K, backward, d, R, T, a, x, l)
         n_bad = 0
         for l in range(Lw):
-            if z[l] > tiny and z[l] < huge:
+            if z[l] > tiny and z[l] < huge and dot[l] < huge:
                 inv[l] = one / z[l]
-            else:  # zero contributions here, the log-domain ones below
+            else:  # zero contributions here, the rare path's below
                 bad[n_bad] = l
                 n_bad += 1
                 inv[l] = zero
                 for x in range(K):
                     cav[x, l] = zero
+                    rv[x, l] = zero
         for x in range(K):
             for l in range(Lw):
                 h[x, l] = 0.0
@@ -531,13 +536,11 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
             l = bad[b]
             _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, RHOo[rcv, pt, l], unary,
                           pairwise, flat_M, slot_pos, H, W, loc, cav1, q)
+            _rare_adjoint_terms(K, q, Ao[rcv, pt, :, l], Mo[rcv, pt, :, l], one, h[:, l])
             for xv in range(K):
-                bv = rv[xv, l]
                 gi0 = xv * K if backward else xv
                 for xu in range(K):
-                    val = q[xu, xv] * bv
-                    GP[a, gi0 + (xu if backward else xu * K), l] += val
-                    h[xu, l] += val
+                    GP[a, gi0 + (xu if backward else xu * K), l] += q[xu, xv]
         # (d) theta_u (in node order for the vertical family, else after the
         # phase); (e) the sender's adjoint messages: own planes now, the other
         # family's after the phase
@@ -548,7 +551,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
         for x in range(K):
             for l in range(Lw):
                 held[l, x, snd] = h[x, l]
-        _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, inv_floor, zero, half, one, _entry_mode(rho_mode))
+        _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, floor, zero, half, one, _entry_mode(rho_mode))
         # (f) restore m_ci; (g) its adjoint is spent
         if restore:
             for x in range(K):
@@ -563,7 +566,7 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
     senders = range(1, A) if backward else range(0, A - 1)
-    _other_adjoints(K, senders, held, Mx, RHOx, Ax, inv_floor, zero, half, one, _entry_mode(rho_mode))
+    _other_adjoints(K, senders, held, Mx, RHOx, Ax, floor, zero, half, one, _entry_mode(rho_mode))
     if not own_first:  # horizontal family: theta_u in node order, (r, c, x)
         for l in range(Lw):
             for a in senders:
@@ -716,8 +719,8 @@ class GridKernels:
         self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
         lanes = max(H, W)
         self.scratch = np.empty((2 * K + 2, lanes), dtype)
-        self.adjoint_scratch = np.empty((2 * K + 1, lanes))
-        self.held = scratch(K * H * W, np.float64)
+        self.adjoint_scratch = np.empty((2 * K + 1, lanes), dtype)
+        self.held = scratch(K * H * W, dtype)
         self.bad = np.empty(lanes, np.int64)
         self.loc = np.empty((4, K), dtype)
         self.cav1 = np.empty(K, dtype)

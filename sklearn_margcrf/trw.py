@@ -71,17 +71,26 @@ Numerical stability
   gradient is the exact gradient of what the forward pass computes.
 - A message entry at the floor is a constant of the forward pass, so the
   backward pass accumulates no adjoint for it (exact for the floored forward,
-  and it keeps the adjoints finite). Step 8(b) forms ``nu / m = g - g . m``
-  directly (``backnorm_ratio``) and step 8(c) is evaluated as
-  ``((A tab) / Z) * (nu / m)``: ``(A tab) / Z <= m`` keeps it within ``|nu|``,
-  whereas ``nu / m / Z`` alone overflows when ``m`` and ``Z`` are both tiny.
+  and it keeps the adjoints finite).
+- The adjoint messages are kept *scaled*: ``Madj = m dL/dm`` (the loss's
+  sensitivity to ``log m``), whose terms ``rho_d h`` (step 8(e)) stay in the
+  range of the losses' gradients however small ``m`` is, whereas ``dL/dm``
+  alone grows like ``1 / m`` (beyond float32's range near its floor). This
+  also spares step 8(e) its divisions. Step 8(b) forms
+  ``nu / m = g - g . m = Madj / m - sum Madj`` (``backnorm_ratio_of_scaled``)
+  and step 8(c) is evaluated as ``((A tab) / Z) * (nu / m)``:
+  ``(A tab) / Z <= m`` keeps it within ``|nu|``, whereas ``nu / m / Z`` alone
+  overflows when ``m`` and ``Z`` are both tiny. Where ``nu / m`` itself would
+  leave the range (the sum of its magnitudes above ``1e300``, float32
+  ``1e30``), the update takes the rare path (``_rare_adjoint_terms``):
+  ``val = ((s / Z) / m) Madj - (s / Z) sum Madj``, every factor at most
+  ``|Madj|``, with ``s / Z`` from the log domain.
 - Limitation: a message entry smaller than ``1e-300`` cannot be represented,
   so when parameter differences exceed roughly ``690 rho`` the floor can shift
   the marginals away from the exact TRW fixed point (they stay finite and
   normalised; :func:`floored_message_entries` counts the final entries at the
   floor, and inference through :func:`sklearn_margcrf.infer` or the gradients
-  warns when there are any). Gradients can overflow only when adjoints are
-  huge *and* messages within a few orders of magnitude of the floor.
+  warns when there are any).
 
 Precision
 ---------
@@ -92,9 +101,8 @@ floor is ``1e-37`` and the log-domain range ``[1e-25, 1e30]``, so messages are
 exact up to parameter differences of about ``85 rho``; measured on random
 grids, marginals and truncated gradients agree with float64 to 1e-5 for
 ``|theta| <= 20`` (``rho >= 0.5``), and stay finite and normalised (but drift
-from float64) beyond. The adjoint messages of the backward pass are float64 in
-both precisions: the adjoint of a message entry near the float32 floor can
-exceed float32's range before the following ``backnorm`` brings it back.
+from float64) beyond. The adjoint messages are of the compute dtype too
+(scaled, see above).
 
 Variants
 --------
@@ -166,7 +174,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ._backnorm import backnorm, backnorm_ratio
+from ._backnorm import backnorm, backnorm_ratio_of_scaled
 from ._checkpoints import check_checkpoints, checkpoint_plan, incomplete_stack
 from ._graph import incidence, model_dtype
 from ._warnings import warn_at_caller
@@ -264,13 +272,13 @@ def _n_states(kt, eu):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _live(value, inv_message, inv_floor, zero):
-    """``value`` unless the message entry whose inverse is ``inv_message`` sits
-    at the floor. A floored entry is a constant of the forward pass, so no
-    adjoint is accumulated for it (this keeps the backward pass finite and
-    exact for the floored forward: the adjoint of a floored entry is zero when
-    its update is reversed, step 8(b))."""
-    return value if inv_message < inv_floor else zero
+def _live(value, message, floor, zero):
+    """``value`` unless the message entry ``message`` sits at the floor. A
+    floored entry is a constant of the forward pass, so no adjoint is
+    accumulated for it (this keeps the backward pass finite and exact for the
+    floored forward: the adjoint of a floored entry is zero when its update
+    is reversed, step 8(b))."""
+    return value if message > floor else zero
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -658,13 +666,46 @@ def _pairwise_adjoint(K, forward, c, cav, tabs, inv, rv, g_p, h):
             h[xu] += val
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _moderate(K, rv, huge):
+    """Whether the ``nu / m`` of a reverse update sum to less than ``huge`` in
+    magnitude (false for an infinity or NaN among them); otherwise, as when
+    ``Z`` leaves its range, the update takes the rare path, which never forms
+    ``nu / m``. (The grid kernels sum in the same order.)"""
+    spread = abs(rv[0])
+    for x in range(1, K):
+        spread += abs(rv[x])
+    return spread < huge
+
+
+@njit(cache=True, nogil=True)
+def _rare_adjoint_terms(K, q, scaled, m, one, h):
+    """Step 8(c) on the rare path (shared with the grid kernels): the terms
+    ``val[x_u, x_v] = q (nu / m)(x_v)`` written over ``q`` (the normalised
+    ``s / Z`` from the log domain), their sums over ``x_v`` added to ``h``.
+    With ``scaled = m dL/dm``, ``nu / m = scaled / m - sum(scaled)``, and the
+    ratio ``q / m <= 1`` is formed first, so that no factor overflows even
+    where ``scaled / m`` would."""
+    total = scaled[0]
+    for x in range(1, K):
+        total += scaled[x]
+    for xv in range(K):
+        b = scaled[xv]
+        iv = one / m[xv]
+        for xu in range(K):
+            w = q[xu, xv]
+            val = (w * iv) * b - w * total
+            q[xu, xv] = val
+            h[xu] += val
+
+
 @njit(cache=True, nogil=True)
 def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode, rho_slot, M, MP, IM, Madj,
                    stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q):
     """Step 8 for every pair in reverse order; with ``restore``, the messages
     are restored from ``stack[slot]`` (and ``stack_pow[slot]``)."""
     K = _n_states(kt, eu)
-    _, tiny, huge, inv_floor, zero, half, one = _limits_of(eu)
+    floor, tiny, huge, _, zero, half, one = _limits_of(eu)
     keep_pow = stack_pow.shape[0] > 0
     n_steps = sched.shape[0]
     n_fwd = n_steps // 2
@@ -674,8 +715,9 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
         lo = sched[st, 2]
         hi = sched[st, 3]
         u = sched[st, 4]
-        # (b) nu = backnorm(dL/dm_ci, m_ci); keep nu / m_ci
-        backnorm_ratio(Madj[t], M[t], rv)
+        # (b) nu = backnorm(dL/dm_ci, m_ci); keep nu / m_ci (Madj[t] holds
+        # m_ci dL/dm_ci: see "Numerical stability")
+        backnorm_ratio_of_scaled(Madj[t], IM[t], rv)
         # (a) s = tab * A(x_u)
         for x in range(K):
             cav[x] = eu[u, x] * IM[r, x]
@@ -691,7 +733,7 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
         back = n_steps - 1 - st
         for x in range(K):
             h[x] = zero
-        if z > tiny and z < huge:
+        if z > tiny and z < huge and _moderate(K, rv, huge):
             # val = ((A tab) / Z) (nu / m_ci): (A tab) / Z <= m_ci keeps it
             # within |nu|, whereas nu / m_ci / Z alone overflows when m_ci and
             # Z are both tiny
@@ -703,22 +745,21 @@ def _reverse_sweep(kt, slot, restore, sched, tabs, rsum, eu, rho_sched, rho_mode
         else:
             _log_joint(st, sched, unary, pairwise, slot_edge, slot_side, rho_slot, rho_sched, M, cav, q)
             c, su, sv = (st, K, 1) if st < n_fwd else (back, 1, K)
+            _rare_adjoint_terms(K, q, Madj[t], M[t], one, h)
             for xv in range(K):
-                b = rv[xv]
                 for xu in range(K):
-                    val = q[xu, xv] * b
-                    g_p[c, xu * su + xv * sv] += val
-                    h[xu] += val
+                    g_p[c, xu * su + xv * sv] += q[xu, xv]
         # (d)
         for x in range(K):
             g_u[u, x] += h[x]
         # (e) rho_d h / m_d for every d ∋ j, then -h / m_c for d = c
+        #     (times m_d: Madj is scaled)
         for k in range(lo, hi):
             rk = _slot_rho(rho_mode, rho_slot, k, half, one)
             for x in range(K):
-                Madj[k, x] += _live(rk * h[x] * IM[k, x], IM[k, x], inv_floor, zero)
+                Madj[k, x] += _live(rk * h[x], M[k, x], floor, zero)
         for x in range(K):
-            Madj[r, x] -= _live(h[x] * IM[r, x], IM[r, x], inv_floor, zero)
+            Madj[r, x] -= _live(h[x], M[r, x], floor, zero)
         # (f) pull m_ci from the stack
         if restore:
             for x in range(K):
@@ -816,14 +857,15 @@ def _sweeps_kernel(
 
 
 @njit(cache=True, nogil=True)
-def _backward_start(edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, Madj):
+def _backward_start(edges, ptr, slot_of, rho_slot, M, mu_u, mu_p, gmu_u, gmu_p, g_u, g_p, Madj):
     """Algorithm "Back TRW", steps 6 and 7 (step 5, the loss, is the caller's):
     the adjoints of the marginals pushed onto ``g_u``, ``g_p`` (the latter
     *not* yet multiplied by the common factor 1 / rho_c of steps 6(b) and
-    8(c)) and the adjoint messages ``Madj``."""
+    8(c)) and the adjoint messages ``Madj``, scaled by the messages ``M``
+    (see "Numerical stability")."""
     E = edges.shape[0]
     n, K = mu_u.shape
-    _, _, _, inv_floor, zero, _, _ = _limits_of(mu_u)
+    floor, _, _, _, zero, _, _ = _limits_of(mu_u)
     nu = np.empty(K, Madj.dtype)
     nu_c = np.empty(K * K, Madj.dtype)
     row = np.empty(K, Madj.dtype)
@@ -846,27 +888,28 @@ def _backward_start(edges, ptr, slot_of, rho_slot, IM, mu_u, mu_p, gmu_u, gmu_p,
         for x in range(K):  # 6(c)
             g_u[i, x] += row[x]
             g_u[j, x] += col[x]
-        # 6(d): dL/dm_d(x_i) += (rho_d - [c = d]) / m_d(x_i) sum_{x_j} nu_c, same for j
+        # 6(d): dL/dm_d(x_i) += (rho_d - [c = d]) / m_d(x_i) sum_{x_j} nu_c, same
+        # for j (times m_d(x_i): Madj is scaled)
         for k in range(ptr[i], ptr[i + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * row[x] * IM[k, x], IM[k, x], inv_floor, zero)
+                Madj[k, x] += _live(rho_slot[k] * row[x], M[k, x], floor, zero)
         for k in range(ptr[j], ptr[j + 1]):
             for x in range(K):
-                Madj[k, x] += _live(rho_slot[k] * col[x] * IM[k, x], IM[k, x], inv_floor, zero)
+                Madj[k, x] += _live(rho_slot[k] * col[x], M[k, x], floor, zero)
         a = slot_of[c, 0]
         b = slot_of[c, 1]
         for x in range(K):
-            Madj[a, x] -= _live(row[x] * IM[a, x], IM[a, x], inv_floor, zero)
-            Madj[b, x] -= _live(col[x] * IM[b, x], IM[b, x], inv_floor, zero)
+            Madj[a, x] -= _live(row[x], M[a, x], floor, zero)
+            Madj[b, x] -= _live(col[x], M[b, x], floor, zero)
     # 7. For all i: nu_i = backnorm(dL/dmu_i, mu_i)
     for i in range(n):
         backnorm(gmu_u[i], mu_u[i], nu)  # 7(a)
         for x in range(K):
             g_u[i, x] += nu[x]  # 7(b)
-        for k in range(ptr[i], ptr[i + 1]):  # 7(c): dL/dm_d(x_i) += rho_d nu_i / m_d(x_i)
+        for k in range(ptr[i], ptr[i + 1]):  # 7(c): dL/dm_d(x_i) += rho_d nu_i / m_d(x_i) (times m_d)
             rk = rho_slot[k]
             for x in range(K):
-                Madj[k, x] += _live(rk * nu[x] * IM[k, x], IM[k, x], inv_floor, zero)
+                Madj[k, x] += _live(rk * nu[x], M[k, x], floor, zero)
 
 
 @njit(cache=True, nogil=True)
@@ -896,11 +939,11 @@ def _reverse_iterations(
             stack, stack_pow, g_u, g_p, unary, pairwise, slot_edge, slot_side, cav, rv, h, q,
         )
         n_sweeps += 1
-        if fixed_point:
+        if fixed_point:  # the largest |dL/dm| = |Madj / m|, in float64 (it may exceed float32)
             residual = 0.0
             for k in range(Madj.shape[0]):
                 for x in range(K):
-                    v = abs(Madj[k, x])
+                    v = abs(np.float64(Madj[k, x]) * np.float64(IM[k, x]))
                     if v > residual:
                         residual = v
             if residual < tol or not residual < _ADJOINT_BLOWUP:
@@ -1517,7 +1560,7 @@ def trw_backward(state, grad_unary_marginals, grad_pairwise_marginals, mode="tru
             return _grid_backward(state, gmu_u, gmu_p)
         _slot_tables(state)  # fixed point: the slot kernels, at the messages the forward pass ended with
     M, MP, IM = _slot_message_arrays(state)
-    g_u, g_p, Madj = _backward_start_of(state, IM, gmu_u, gmu_p)
+    g_u, g_p, Madj = _backward_start_of(state, M, gmu_u, gmu_p)
     if not fixed_point:  # the kernel restores them from the snapshots, step by step: copies
         M, IM = scratch_copy(M), scratch_copy(IM)
         MP = M if state.rho_mode == _RHO_ONE else scratch_copy(MP)
@@ -1594,17 +1637,17 @@ def _slot_inverses(state, messages=None):
     return np.divide(1, messages, out=scratch(messages.shape, messages.dtype))
 
 
-def _backward_start_of(state, IM, gmu_u, gmu_p):
+def _backward_start_of(state, M, gmu_u, gmu_p):
     """Steps 6 and 7: fresh ``g_u``, ``g_p`` (without the 1 / rho_c) and
-    adjoint messages, from the inverses ``IM`` of the final messages."""
+    adjoint messages (scaled), from the final messages ``M`` (slot layout)."""
     n, K = state.unary.shape
     E = state.edges.shape[0]
     g_u = scratch_full((n, K), 0, state.unary.dtype)
     g_p = scratch_full((E, K * K), 0, state.unary.dtype)
-    Madj = scratch_full((2 * E, K), 0, np.float64)  # float64 in both precisions: see "Numerical stability"
+    Madj = scratch_full((2 * E, K), 0, state.unary.dtype)
     # step 6 reads the pairwise marginals only when the loss has a pairwise term
     mu_p = state.pairwise_marginals.reshape(E, K * K) if gmu_p.shape[0] else gmu_p
-    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, IM,
+    _backward_start(state.edges, state.ptr, state.slot_of, state.rho_slot, M,
                     state.unary_marginals, mu_p, gmu_u, gmu_p, g_u, g_p, Madj)
     return g_u, g_p, Madj
 
@@ -1613,7 +1656,7 @@ def _grid_backward(state, gmu_u, gmu_p):
     """Truncated back TRW with the grid kernels (the slot path's steps, on the planes)."""
     kernels = state.grid_kernels
     E, K = state.pairwise.shape[:2]
-    g_u, g_p, Madj = _backward_start_of(state, _slot_inverses(state), gmu_u, gmu_p)
+    g_u, g_p, Madj = _backward_start_of(state, state.slot_messages, gmu_u, gmu_p)
     Madj = kernels.grid.to_grid(Madj, fill=0.0)
     GP_h, GP_v = kernels.split_pairwise(g_p)
     dtype = g_p.dtype

@@ -9,6 +9,7 @@ import pytest
 
 from sklearn_margcrf import grid_edges, infer, loss_and_grad
 from sklearn_margcrf.gradients import GRADIENT_MODES, LOSSES, check_combination
+from sklearn_margcrf.trw import trw_backward, trw_forward
 
 METHODS = ("trw", "lbp", "mean_field", "exact")
 
@@ -205,3 +206,32 @@ def test_estimator_float32_multiplier_bound():
     X, y = make_structured_data(n_samples=2)
     with pytest.raises(ValueError, match="multiplier must be at least .* in dtype=float32"):
         MarginalCRF(gradient_mode="perturbation", multiplier=1e-6, dtype=np.float32).fit(X, y)
+
+
+@pytest.mark.parametrize("grid", [False, True])
+def test_float32_gradients_where_message_adjoints_exceed_float32(grid):
+    """A message entry near float32's floor (about 4e-35) into a node whose
+    marginal it does not decide (the node's unary compensates it), and a
+    large adjoint of that marginal (1e6, as a heavily weighted loss gives):
+    dL/dm of that entry is about 1e40, beyond float32's range, yet the
+    float32 gradient is finite and agrees with float64 (back TRW keeps
+    m dL/dm and takes its rare path where dL/dm would overflow; trw's
+    "Numerical stability"). On an edge listed against the grid ordering
+    (slot kernels) and on a 1 x 2 image grid (grid kernels)."""
+    edges = grid_edges(1, 2) if grid else np.array([[1, 0]])  # not a grid ordering
+    unary = np.array([[80.0, 0.0], [0.0, 39.7]])
+    pairwise = np.array([[[40.0, 0.0], [0.0, 40.0]]])
+    rho = np.full(1, 0.5)
+    g_mu = np.array([[0.0, 0.0], [-2e6, 0.0]])
+    grads = {}
+    for dtype in (np.float64, np.float32):
+        state = trw_forward(edges, unary.astype(dtype), pairwise.astype(dtype), rho, n_iter=3, keep_stack=True)
+        assert (state.grid_kernels is not None) == grid
+        grads[dtype] = trw_backward(state, g_mu.astype(dtype), None)
+    assert 1e-36 < state.messages.min() < 1e-33  # above the floor
+    assert 0.1 < state.unary_marginals[1, 0] < 0.9  # the node's marginal is not saturated
+    top = max(np.abs(g).max() for g in grads[np.float64])
+    assert top > 1e5
+    for g32, g64 in zip(grads[np.float32], grads[np.float64]):
+        assert g32.dtype == np.float32 and np.isfinite(g32).all()
+        assert np.abs(g32 - g64).max() <= 1e-4 * top
