@@ -73,12 +73,12 @@ def _horses(args):
 
     hargs = argparse.Namespace(
         data=args.data, scale=args.scale, split=200, cache=args.cache or str(Path(args.out) / "horses_features"),
-        test_tol=1e-5, max_iter=args.max_iter, n_jobs=args.n_jobs, verbose=args.verbose,
+        test_tol=1e-5, max_iter=args.max_iter, n_jobs=args.n_jobs, verbose=args.verbose, dtype=args.dtype,
     )
     X_train, y_train, _ = horses._load(hargs, "train", args.n_train)
     X_test, y_test, _ = horses._load(hargs, "test", args.n_test)
     model = horses._model(hargs, "ulogistic-trw", 20)
-    name = f"horses-scale{args.scale:g}-train{len(X_train)}"
+    name = f"horses-scale{args.scale:g}-train{len(X_train)}" + ("" if args.dtype == "float64" else f"-{args.dtype}")
     return name, model, X_train, y_train, X_test, y_test
 
 
@@ -88,12 +88,12 @@ def _denoising(args):
     dargs = argparse.Namespace(
         data=args.data, n_train=args.n_train or 32, n_test=args.n_test or 100, scale=args.scale, seed=0,
         gradient_mode="truncated", n_iter=20, tol=1e-4, reg=None, max_iter=args.max_iter, n_jobs=args.n_jobs,
-        verbose=args.verbose, dtype="float64",
+        verbose=args.verbose, dtype=args.dtype,
     )
     split = binary_denoising._load(dargs, args.noise)
     (X_train, y_train, _), (X_test, y_test, _) = split["train"], split["test"]
     model = binary_denoising._model(dargs, "ulogistic")
-    name = f"denoising-noise{args.noise:g}-train{len(X_train)}"
+    name = f"denoising-noise{args.noise:g}-train{len(X_train)}" + ("" if args.dtype == "float64" else f"-{args.dtype}")
     return name, model, X_train, y_train, X_test, y_test
 
 
@@ -232,6 +232,8 @@ def main(argv=None):
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--n-jobs", type=int, default=-1)
     parser.add_argument("--verbose", type=int, default=0)
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="precision of inference and its gradients (MarginalCRF dtype)")
     args = parser.parse_args(argv)
     if args.dataset == "report":
         return report(args.out)

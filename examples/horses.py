@@ -109,6 +109,8 @@ def _arguments(parser):
     parser.add_argument("--figure-image", type=int, default=0, help="index of the test image in the figure (default 0)")
     parser.add_argument("--batch", type=int, default=16, help="images per batch when computing error rates (bounds memory; default 16)")
     parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_features)")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="precision of inference and its gradients (MarginalCRF dtype; default float64, the paper's)")
     _common.resumable_arguments(parser, "horses")
 
 
@@ -116,7 +118,8 @@ def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
-    settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}"
+    settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}" + (
+        "" if args.dtype == "float64" else f"-{args.dtype}")
     _common.checkpoint_folder(args, "horses", settings)
     if args.cache is None:
         args.cache = str(Path(args.out) / "horses_features")
@@ -172,6 +175,7 @@ def _model(args, key, n_iter):
         init="independent",
         n_jobs=args.n_jobs,
         verbose=args.verbose,
+        dtype=args.dtype,
         objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
     )
     params.update(ROWS[key][1])
