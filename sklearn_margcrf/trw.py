@@ -1625,15 +1625,12 @@ def _slot_message_arrays(state):
     return M, MP, IM
 
 
-def _slot_inverses(state, messages=None):
+def _slot_inverses(state, messages):
     """``1 / m`` of the messages the forward pass ended with (slot layout):
     kept by states of the slot kernels, derived for those of the grid kernels
-    (from ``messages``, their slot layout, when the caller has it already)."""
+    from ``messages``, their slot layout."""
     if state.slot_inverses is not None:
         return state.slot_inverses
-    if messages is None:
-        messages = state.slot_messages  # a new array: inverted in place
-        return np.divide(1, messages, out=messages)
     return np.divide(1, messages, out=scratch(messages.shape, messages.dtype))
 
 
