@@ -42,3 +42,17 @@ def test_fit_curves_denoising_records_resumes_and_reports(bsds_dir, tmp_path):  
     text = (out / "fit_curves.txt").read_text()
     assert "n_iter_no_change" in text and record["name"] in text
     assert (out / "fit_curves.png").stat().st_size > 0
+
+
+def test_fit_curves_dtype_is_the_fits_precision_with_a_record_of_its_own(bsds_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "curves"
+    common = ["denoising", "--data", str(bsds_dir.parent), "--out", str(out), "--n-jobs", "1",
+              "--n-train", "2", "--n-test", "1", "--scale", "0.1", "--max-iter", "1"]
+    fit_curves.main(common)
+    fit_curves.main(common + ["--dtype", "float32"])
+    records = {p.name: json.loads(p.read_text()) for p in out.glob("fit_curve_*.json")}
+    [name64] = [n for n in records if not n.endswith("-float32.json")]
+    r64, r32 = records[name64], records[name64.replace(".json", "-float32.json")]
+    assert (r64["params"]["dtype"], r32["params"]["dtype"]) == ("float64", "float32")
+    f64, f32 = r64["iterations"][1]["objective"], r32["iterations"][1]["objective"]
+    assert f32 != f64 and abs(f32 - f64) < 1e-4 * abs(f64)  # the same fit, in the other precision

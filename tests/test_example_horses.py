@@ -45,6 +45,28 @@ def test_horses_downscaled(horses_dir, tmp_path):  # noqa: F811
     assert "at scale 0.5" in (out / "horses_table.txt").read_text()
 
 
+def test_horses_dtype_is_the_fits_precision_with_checkpoints_of_its_own(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+
+    fit = MarginalCRF.fit
+    seen = []
+
+    def recording_fit(self, *args, **kwargs):
+        seen.append(self.dtype)
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(MarginalCRF, "fit", recording_fit)
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "1",
+            "--n-test", "1", "--max-iter", "1", "--iters", "2", "--rows", "ulogistic-trw"]
+    horses.main(argv + ["--dtype", "float32"])
+    assert seen and set(seen) == {"float32"}
+    seen.clear()
+    horses.main(argv)  # float64 does not resume from the float32 checkpoints: it fits
+    assert seen and set(seen) == {"float64"}
+    folders = sorted(p.name for p in (tmp_path / "horses_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-float32" == folders[1]
+
+
 def test_horses_downscale_labels():
     image = np.zeros((20, 30, 3), np.uint8)
     labels = np.zeros((20, 30), np.int64)
