@@ -21,6 +21,16 @@ weighted mean, so that weights that are all equal change nothing.
 
 The independent model is the same model with every image's edges dropped:
 zero iterations of TRW give ``softmax(theta_i)``, and ``G`` is not a weight.
+
+L-BFGS can run in other coordinates (:class:`Preconditioner`): ``F = A S_u``,
+``G = B S_v`` with ``S = (c M + 2 reg I)^(-1/2)``, where ``M`` is the second
+moment of the node (edge) features per labelled node and ``c`` the logistic
+loss's curvature at ``mu = 1/2``. ``c M + 2 reg I`` is then the Hessian of the
+objective in ``F`` (in ``G``) up to the factor over labels, and in ``(A, B)``
+it is close to the identity: the objective and its minimum are unchanged,
+but real image features, whose second moments span many orders of magnitude
+(the horses' 100 node features: eigenvalues from 1e-17 to 9), no longer
+slow L-BFGS down.
 """
 
 import time
@@ -29,12 +39,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._linear import feature_scores, weight_gradient
+from ._linear import feature_scores, second_moment, weight_gradient
 from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings, warm_start_applies
 from ._workspace import workspace
 from .inference import KERNELS
 
-__all__ = ["CRFObjective"]
+__all__ = ["CRFObjective", "Preconditioner"]
+
+#: Curvature of the loss per unit of potential that :class:`Preconditioner`
+#: assumes: the logistic loss's at ``mu = 1/2`` (1/4). Measured on horses
+#: (quarter scale, 200 images): 0.1, 0.25 and 1 gave the same objective
+#: within 0.2% after 20 iterations; only the balance with the ridge term
+#: depends on it.
+CURVATURE = 0.25
 
 
 @dataclass(frozen=True)
@@ -189,6 +206,21 @@ class CRFObjective:
         grad = self.pack(grad_f, grad_g)
         return value / n_labelled + reg * float(w @ w), grad / n_labelled + 2.0 * reg * w, diagnostics, seconds
 
+    def feature_moments(self, batches):
+        """The second moments of the node features over the labelled nodes
+        (weighted by class, as the loss) and of the edge features over all
+        edges, both per unit of the objective's denominator, summed in image
+        order: ``(M_u (Fu, Fu), M_v (Fe, Fe))``."""
+        node, edge, total = 0.0, 0.0, 0.0
+        for node_moment, edge_moment, weight in batches.map(_batch_moments, self):
+            node, edge, total = node + node_moment, edge + edge_moment, total + weight
+        if not (np.isfinite(node.sum()) and np.isfinite(edge.sum())):
+            raise FloatingPointError(
+                "the second moments of the features overflowed (non-finite values): the features are too large; "
+                "rescale the features (e.g. StandardScaler)"
+            )
+        return node / total, edge / total
+
     def marginals(self, unary_coef, pairwise_coef, batches):
         """Unary marginals of every image of ``batches``, in image order, and their summed diagnostics."""
         results = batches.map(_batch_marginals, self, unary_coef, pairwise_coef)
@@ -211,6 +243,18 @@ def _batch_loss_gradient(batch, objective, unary_coef, pairwise_coef, starts=Non
     return results
 
 
+def _batch_moments(batch, objective):
+    """Per-image (node moment, edge moment, total node weight) (worker side)."""
+    results = []
+    for node_features, _, edge_features, labels in batch.images():
+        weight = objective.node_weight(labels)
+        weight = (labels >= 0).astype(np.float64) if weight is None else weight
+        edge_moment = (np.zeros((edge_features.shape[1],) * 2) if objective.independent  # G is not a weight
+                       else second_moment(edge_features, np.ones(len(edge_features))))
+        results.append((second_moment(node_features, weight), edge_moment, float(weight.sum())))
+    return results
+
+
 def _batch_marginals(batch, objective, unary_coef, pairwise_coef):
     """Per-image results of :meth:`CRFObjective.image_marginals` (worker side)."""
     results = []
@@ -219,3 +263,54 @@ def _batch_marginals(batch, objective, unary_coef, pairwise_coef):
             mu, diagnostics = objective.image_marginals(unary_coef, pairwise_coef, *image[:3])
             results.append((np.array(mu), diagnostics))  # out of the workspace's memory
     return results
+
+
+def _inverse_square_root(matrix):
+    """``(matrix^(-1/2), matrix^(1/2))`` of a symmetric positive semi-definite
+    matrix, its eigenvalues floored at 1e-12 of the largest (a feature that
+    is zero everywhere with ``reg = 0``); the identity for a zero matrix."""
+    values, vectors = np.linalg.eigh(matrix)
+    top = values.max(initial=0.0)
+    if top <= 0:
+        eye = np.eye(len(matrix))
+        return eye, eye
+    roots = np.sqrt(np.maximum(values, 1e-12 * top))
+    return (vectors / roots) @ vectors.T, (vectors * roots) @ vectors.T
+
+
+@dataclass(frozen=True)
+class Preconditioner:
+    """The coordinates ``z = (A, B)`` of L-BFGS, where ``F = A S_u`` and
+    ``G = B S_v`` (module docstring). ``S`` is symmetric, so the gradient in
+    ``z`` is ``dR/dF S_u``, ``dR/dG S_v``: the same map as from ``z`` to the
+    weights."""
+
+    objective: CRFObjective
+    node_root: np.ndarray  # S_u
+    edge_root: np.ndarray  # S_v
+    node_root_inverse: np.ndarray
+    edge_root_inverse: np.ndarray
+
+    @classmethod
+    def of(cls, objective, node_moment, edge_moment, reg):
+        """From the features' second moments (:meth:`CRFObjective.feature_moments`) and the ridge ``reg``."""
+        node_root, node_root_inverse = _inverse_square_root(CURVATURE * node_moment + 2 * reg * np.eye(len(node_moment)))
+        edge_root, edge_root_inverse = _inverse_square_root(CURVATURE * edge_moment + 2 * reg * np.eye(len(edge_moment)))
+        return cls(objective, node_root, edge_root, node_root_inverse, edge_root_inverse)
+
+    def _apply(self, vector, node_matrix, edge_matrix):
+        F, G = self.objective.unpack(vector)
+        n_pairs = G.shape[0] * G.shape[1]
+        return self.objective.pack(F @ node_matrix, (G.reshape(n_pairs, G.shape[2]) @ edge_matrix).reshape(G.shape))
+
+    def weights(self, z):
+        """The weight vector of (F, G) at coordinates ``z``."""
+        return self._apply(z, self.node_root, self.edge_root)
+
+    def coordinates(self, w):
+        """The coordinates of the weight vector ``w``."""
+        return self._apply(w, self.node_root_inverse, self.edge_root_inverse)
+
+    def gradient(self, grad):
+        """The gradient in ``z`` of a function whose gradient in the weights is ``grad``."""
+        return self._apply(grad, self.node_root, self.edge_root)

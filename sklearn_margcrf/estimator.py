@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from . import __version__
 from ._graph import _as_float_array, _encode, split_labels, validate_edges
-from ._objective import CRFObjective
+from ._objective import CRFObjective, Preconditioner
 from ._memory import check_fit_memory
 from ._parallel import ImageBatches, LostWorker, cluster_client, plan_groups
 from ._warnings import warn_at_caller
@@ -316,6 +316,12 @@ class _Stalled(_StopFit):
     (``n_iter_no_change`` / ``objective_tol``): this stage has converged."""
 
 
+class _Converged(_StopFit):
+    """Raised out of L-BFGS when the largest entry of the gradient in the
+    weights fell to ``lbfgs_tol`` (checked here, not by scipy, whose ``gtol``
+    would see the gradient in the preconditioned coordinates)."""
+
+
 class MarginalCRF(BaseEstimator):
     """Conditional random field learned with a marginal-based loss under
     approximate inference (Domke, "Learning Graphical Model Parameters with
@@ -424,8 +430,11 @@ class MarginalCRF(BaseEstimator):
     inference_max_iter : int, default=1000
         Iteration cap of inference run to ``tol``.
     lbfgs_tol : float, default=1e-6
-        L-BFGS stops when the largest gradient entry is below this (scipy's
-        ``gtol``).
+        L-BFGS stops when the largest entry of the objective's gradient with
+        respect to ``F`` and ``G`` is at most this (as scipy's ``gtol``; with
+        ``precondition``, still in ``F`` and ``G``), or when an iteration
+        lowers the objective by less than about 2e-9 of its value (scipy's
+        ``ftol``).
     max_restarts : int, default=5
         How many times L-BFGS is restarted after an abnormal line search (a
         bad search direction, common with approximate gradients).
@@ -441,6 +450,19 @@ class MarginalCRF(BaseEstimator):
         then runs to ``lbfgs_tol`` or ``max_iter``). The defaults were chosen
         from measured curves of test error against iterations on the horses
         and denoising data (see "When a fit stops" in the user guide).
+    precondition : bool, default=True
+        Run L-BFGS in coordinates where the features are whitened: ``F = A
+        S_u``, ``G = B S_v`` with ``S = (M / 4 + 2 reg I)^(-1/2)`` and ``M``
+        the second moments of the node (edge) features per labelled node,
+        computed once per fit (one pass over the features). The objective,
+        its minimum and ``lbfgs_tol`` are unchanged; L-BFGS takes another,
+        shorter path where the features are correlated or differently
+        scaled, as image features are: on the horses (quarter scale, 200
+        images) the independent model converged in 12 iterations instead
+        of more than 60, and the TRW fit reached after 20 iterations the
+        objective and test error it reached after 40-60 without (see "When
+        a fit stops" in the user guide). False: L-BFGS on ``F`` and ``G``
+        directly, as in the paper.
     incremental : int or None, default=None
         The paper's incremental procedure for large data sets: fit a random
         subset of ``incremental`` images with ``max_iter`` iterations, then
@@ -577,6 +599,7 @@ class MarginalCRF(BaseEstimator):
         "max_restarts": [Interval(Integral, 0, None, closed="left")],
         "n_iter_no_change": [Interval(Integral, 1, None, closed="left")],
         "objective_tol": [Interval(Real, 0, None, closed="left")],
+        "precondition": ["boolean"],
         "incremental": [None, Interval(Integral, 1, None, closed="left")],
         "callback": [None, callable],
         "dtype": "no_validation",  # checked by _compute_dtype, which names the choices
@@ -611,6 +634,7 @@ class MarginalCRF(BaseEstimator):
         max_restarts=5,
         n_iter_no_change=N_ITER_NO_CHANGE,
         objective_tol=OBJECTIVE_TOL,
+        precondition=True,
         incremental=None,
         callback=None,
         dtype=np.float64,
@@ -641,6 +665,7 @@ class MarginalCRF(BaseEstimator):
         self.max_restarts = max_restarts
         self.n_iter_no_change = n_iter_no_change
         self.objective_tol = objective_tol
+        self.precondition = precondition
         self.incremental = incremental
         self.callback = callback
         self.dtype = dtype
@@ -867,6 +892,16 @@ class MarginalCRF(BaseEstimator):
 
         info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
+        moments = {}  # (image indices, class weights) -> the features' second moments, once per fit
+
+        def preconditioner(objective, indices, batches):
+            if not self.precondition:
+                return None
+            key = (tuple(indices), objective.class_weight)
+            if key not in moments:
+                moments[key] = self._retrying(progress, lambda: objective.feature_moments(batches))
+            return Preconditioner.of(objective, *moments[key], float(self.reg))
+
         with contextlib.ExitStack() as fit_scope:
             every_image = []  # the batches of all images, packed at most once per fit
 
@@ -881,10 +916,11 @@ class MarginalCRF(BaseEstimator):
 
             if start_independent:
                 self._log("init: fitting the independent model (univariate logistic)")
+                every = range(len(samples))
+                batches = batches_of(every, fit_scope)
                 (unary_coef, _), _ = self._fit_weights(
-                    independent, batches_of(range(len(samples)), fit_scope), unary_coef, pairwise_coef,
-                    independent.total_weight(labels),
-                    "independent", progress, int(self.max_iter),
+                    independent, batches, unary_coef, pairwise_coef, independent.total_weight(labels),
+                    "independent", progress, int(self.max_iter), preconditioner(independent, every, batches),
                 )
             for stage, (indices, stage_max_iter) in enumerate(stages):
                 if progress.stopped:  # by the callback
@@ -898,17 +934,17 @@ class MarginalCRF(BaseEstimator):
                     batches = batches_of(indices, stage_scope)
                     if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
+                        surrogate = self._objective("surrogate_likelihood", self.inference, shape_f, shape_g)  # unweighted
                         (unary_coef, pairwise_coef), _ = self._fit_weights(
-                            self._objective("surrogate_likelihood", self.inference, shape_f, shape_g), batches,  # unweighted
-                            unary_coef, pairwise_coef, stage_labelled, "surrogate_likelihood", progress,
-                            stage_max_iter,
+                            surrogate, batches, unary_coef, pairwise_coef, stage_labelled, "surrogate_likelihood",
+                            progress, stage_max_iter, preconditioner(surrogate, indices, batches),
                         )
                         start_surrogate = False
                         if progress.stopped:
                             break
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
                         objective, batches, unary_coef, pairwise_coef, stage_weight, name, progress,
-                        stage_max_iter, warn=stage == len(stages) - 1,
+                        stage_max_iter, preconditioner(objective, indices, batches), warn=stage == len(stages) - 1,
                     )
                 for key in info:
                     info[key] += stage_info[key]
@@ -931,18 +967,15 @@ class MarginalCRF(BaseEstimator):
         return self
 
     def _fit_weights(self, objective, batches, unary_coef, pairwise_coef, n_labelled, stage, progress, max_iter,
-                     warn=True):
-        """Minimise ``objective`` over the images of ``batches`` from (F, G)."""
+                     preconditioner=None, warn=True):
+        """Minimise ``objective`` over the images of ``batches`` from (F, G),
+        in the coordinates of ``preconditioner`` (a :class:`Preconditioner`)
+        unless None."""
         reg = float(self.reg)
 
         def loss_gradient(w):
-            while True:
-                try:
-                    value, grad, diagnostics, seconds = objective.loss_gradient(w, batches, n_labelled, reg, starts)
-                    break
-                except LostWorker as lost:
-                    progress.lost_workers += 1
-                    self._lost_worker(lost, "fit", retry=progress.lost_workers == 1)
+            value, grad, diagnostics, seconds = self._retrying(
+                progress, lambda: objective.loss_gradient(w, batches, n_labelled, reg, starts))
             progress.kernel_time += seconds
             progress.diagnostics += diagnostics
             progress.n_images += batches.n_images
@@ -950,8 +983,19 @@ class MarginalCRF(BaseEstimator):
 
         w0 = objective.pack(unary_coef, pairwise_coef)
         with objective.warm_starts(batches) as starts:  # each stage starts cold
-            w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn)
+            w, info = self._minimize(loss_gradient, w0, objective.unpack, stage, progress, max_iter, warn,
+                                     preconditioner)
         return objective.unpack(w), info
+
+    def _retrying(self, progress, compute):
+        """``compute()`` over the workers, recomputed once with fresh workers
+        if a worker process died (:meth:`_lost_worker`)."""
+        while True:
+            try:
+                return compute()
+            except LostWorker as lost:
+                progress.lost_workers += 1
+                self._lost_worker(lost, "fit", retry=progress.lost_workers == 1)
 
     def _lost_worker(self, lost, where, retry):
         """Warn that a worker died during ``where`` (fresh workers then recompute)
@@ -1026,78 +1070,107 @@ class MarginalCRF(BaseEstimator):
                 BackpropFallbackWarning,
             )
 
-    def _minimize(self, objective, w0, unpack, stage, progress, max_iter, warn=True):
-        """L-BFGS-B with restarts after an abnormal line search; ``unpack(w)``
-        gives the (F, G) of a weight vector for the user's ``callback``, which
+    def _minimize(self, objective, w0, unpack, stage, progress, max_iter, warn=True, preconditioner=None):
+        """L-BFGS-B with restarts after an abnormal line search, in the
+        coordinates of ``preconditioner`` (None: the weights themselves);
+        ``objective(w)`` gives the value and gradient at the weight vector
+        ``w``, ``unpack(w)`` its (F, G) for the user's ``callback``, which
         may stop the fit (``progress.stopped``)."""
-        last = {"x": None, "f": np.nan, "g": None}
+        if preconditioner is None:
+            weights_at = coordinates_of = gradient_in = lambda v: v
+        else:
+            weights_at = preconditioner.weights
+            coordinates_of = preconditioner.coordinates
+            gradient_in = preconditioner.gradient
+        last = {"z": None, "f": np.nan, "g": None}  # g: the gradient in the weights
         start = []  # the objective at w0, where the stopping rule's window opens
         curve = []
         times = []
         n_restarts = 0
 
-        def fun(w):
+        def converged(g):
+            return float(np.max(np.abs(g), initial=0.0)) <= self.lbfgs_tol
+
+        def fun(z):
+            w = weights_at(z)
             f, g = objective(w)
-            last.update(x=w.copy(), f=f, g=g)
+            last.update(z=z.copy(), f=f, g=g)
             if not start:
                 start.append(f)
-            return f, g
+                if converged(g):  # as scipy's gtol: checked at the start, then at each iterate
+                    raise _Converged(w)
+            return f, gradient_in(g)
 
         def callback(intermediate_result):
             f = float(intermediate_result.fun)
+            w = weights_at(intermediate_result.x)
             curve.append(f)
             times.append(time.perf_counter() - progress.start)
+            # L-BFGS-B evaluates the accepted iterate last
+            g = last["g"] if last["z"] is not None and np.array_equal(last["z"], intermediate_result.x) else None
             if self.verbose > 0:
-                g = last["g"] if last["x"] is not None and np.array_equal(last["x"], intermediate_result.x) else None
                 gnorm = float(np.linalg.norm(g)) if g is not None else float("nan")
                 self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {times[-1]:.2f}s")
             if self.callback is not None:
-                unary_coef, pairwise_coef = unpack(intermediate_result.x)
+                unary_coef, pairwise_coef = unpack(w)
                 report = Bunch(
                     stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
                     n_restarts=n_restarts, elapsed=times[-1], params=self.get_params(deep=False),
                 )
                 if self.callback(report):
-                    raise _StopFit(np.array(intermediate_result.x))
+                    raise _StopFit(w)
+            if g is not None and converged(g):
+                raise _Converged(w)
             if self._stalled(start + curve):
-                raise _Stalled(np.array(intermediate_result.x))
+                raise _Stalled(w)
 
-        w = np.asarray(w0, dtype=np.float64).copy()
-        n_iter = 0
-        result = None
-        while n_iter < max_iter:
-            f_start = last["f"] if last["x"] is not None and np.array_equal(last["x"], w) else None
-            try:
-                # One BLAS thread: L-BFGS-B's small products gain nothing from
-                # threads, and with several their rounding (1e-14) depended on
-                # the process's history (e.g. an earlier threading-backend fit),
-                # so the weights would not be reproducible bit for bit.
-                with threadpool_limits(limits=1, user_api="blas"):
+        # One BLAS thread: L-BFGS-B's small products (and the preconditioner's)
+        # gain nothing from threads, and with several their rounding (1e-14)
+        # depended on the process's history (e.g. an earlier threading-backend
+        # fit), so the weights would not be reproducible bit for bit.
+        with threadpool_limits(limits=1, user_api="blas"):
+            w0 = np.asarray(w0, dtype=np.float64)
+            z0 = z = coordinates_of(w0)
+            w = None  # set when L-BFGS is stopped here
+            n_iter = 0
+            result = None
+            while n_iter < max_iter:
+                f_start = last["f"] if last["z"] is not None and np.array_equal(last["z"], z) else None
+                try:
                     result = scipy.optimize.minimize(
-                        fun, w, jac=True, method="L-BFGS-B", callback=callback,
-                        options={"maxiter": max_iter - n_iter, "gtol": float(self.lbfgs_tol)},
+                        fun, z, jac=True, method="L-BFGS-B", callback=callback,
+                        # gtol 0: lbfgs_tol is checked here, on the gradient in the weights
+                        options={"maxiter": max_iter - n_iter, "gtol": 0.0},
                     )
-            except _Stalled as stop:
-                self._log(
-                    f"{stage}: the objective fell by less than objective_tol={self.objective_tol:g} (relative) over "
-                    f"the last n_iter_no_change={self.n_iter_no_change} iterations; stopped after {len(curve)}"
-                )
-                w, n_iter, result = stop.weights, len(curve), None
+                except _Converged as stop:
+                    self._log(f"{stage}: the largest gradient entry reached lbfgs_tol={self.lbfgs_tol:g} "
+                              f"after {len(curve)} iterations")
+                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
+                    break
+                except _Stalled as stop:
+                    self._log(
+                        f"{stage}: the objective fell by less than objective_tol={self.objective_tol:g} (relative) "
+                        f"over the last n_iter_no_change={self.n_iter_no_change} iterations; stopped after {len(curve)}"
+                    )
+                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
+                    break
+                except _StopFit as stop:
+                    self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
+                    progress.stopped = True
+                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
+                    break
+                n_iter += int(result.nit)
+                improved = f_start is None or (np.isfinite(result.fun) and result.fun < f_start)
+                if np.all(np.isfinite(result.x)):
+                    z = result.x
+                if (result.status == 2 and n_iter < max_iter and n_restarts < self.max_restarts and improved
+                        and result.nit > 0):
+                    n_restarts += 1
+                    self._log(f"{stage}: L-BFGS stopped ({result.message}); restart {n_restarts}")
+                    continue
                 break
-            except _StopFit as stop:
-                self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
-                progress.stopped = True
-                w, n_iter, result = stop.weights, len(curve), None
-                break
-            n_iter += int(result.nit)
-            improved = f_start is None or (np.isfinite(result.fun) and result.fun < f_start)
-            if np.all(np.isfinite(result.x)):
-                w = result.x
-            if result.status == 2 and n_iter < max_iter and n_restarts < self.max_restarts and improved and result.nit > 0:
-                n_restarts += 1
-                self._log(f"{stage}: L-BFGS stopped ({result.message}); restart {n_restarts}")
-                continue
-            break
+            if w is None:
+                w = w0 if z is z0 else weights_at(z)
         if warn and result is not None and result.status != 0:
             if n_iter >= max_iter:
                 progress.not_converged.append(f"{stage}: reached max_iter={max_iter} iterations")
