@@ -14,6 +14,10 @@ how the default was chosen.
 * ``denoising``: univariate logistic, TRW with 20 truncated iterations, the
   binary denoising data at noise level ``--noise`` (``examples/binary_denoising.py``'s images).
 
+L-BFGS is preconditioned (``MarginalCRF(precondition=True)``, the default;
+the independent start too) unless ``--no-precondition``; ``--dtype float32``
+and ``--no-precondition`` record under names of their own.
+
 Run::
 
     python examples/fit_curves.py horses [--data PATH] [--scale 1] [--max-iter 100] [--out DIR]
@@ -78,8 +82,7 @@ def _horses(args):
     X_train, y_train, _ = horses._load(hargs, "train", args.n_train)
     X_test, y_test, _ = horses._load(hargs, "test", args.n_test)
     model = horses._model(hargs, "ulogistic-trw", 20)
-    name = f"horses-scale{args.scale:g}-train{len(X_train)}" + ("" if args.dtype == "float64" else f"-{args.dtype}")
-    return name, model, X_train, y_train, X_test, y_test
+    return _named(f"horses-scale{args.scale:g}-train{len(X_train)}", model, args), X_train, y_train, X_test, y_test
 
 
 def _denoising(args):
@@ -93,8 +96,15 @@ def _denoising(args):
     split = binary_denoising._load(dargs, args.noise)
     (X_train, y_train, _), (X_test, y_test, _) = split["train"], split["test"]
     model = binary_denoising._model(dargs, "ulogistic")
-    name = f"denoising-noise{args.noise:g}-train{len(X_train)}" + ("" if args.dtype == "float64" else f"-{args.dtype}")
-    return name, model, X_train, y_train, X_test, y_test
+    return _named(f"denoising-noise{args.noise:g}-train{len(X_train)}", model, args), X_train, y_train, X_test, y_test
+
+
+def _named(name, model, args):
+    """(record name, model): L-BFGS preconditioned unless ``--no-precondition``;
+    a float32 or unpreconditioned fit is recorded under a name of its own."""
+    model.set_params(precondition=not args.no_precondition)
+    name += "" if args.dtype == "float64" else f"-{args.dtype}"
+    return name + ("-noprecondition" if args.no_precondition else ""), model
 
 
 def _start(model, X, y):
@@ -109,7 +119,7 @@ def _start(model, X, y):
 def run(args):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name, model, X_train, y_train, X_test, y_test = (_horses if args.dataset == "horses" else _denoising)(args)
+    (name, model), X_train, y_train, X_test, y_test = (_horses if args.dataset == "horses" else _denoising)(args)
     path = out / f"fit_curve_{name}.json"
     record = json.loads(path.read_text()) if path.exists() else None
     if record is None:
@@ -234,6 +244,8 @@ def main(argv=None):
     parser.add_argument("--verbose", type=int, default=0)
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="precision of inference and its gradients (MarginalCRF dtype)")
+    parser.add_argument("--no-precondition", action="store_true",
+                        help="L-BFGS on the weights themselves (MarginalCRF precondition=False), as the paper")
     args = parser.parse_args(argv)
     if args.dataset == "report":
         return report(args.out)

@@ -249,8 +249,9 @@ def _batch_moments(batch, objective):
     for node_features, _, edge_features, labels in batch.images():
         weight = objective.node_weight(labels)
         weight = (labels >= 0).astype(np.float64) if weight is None else weight
-        edge_moment = (np.zeros((edge_features.shape[1],) * 2) if objective.independent  # G is not a weight
-                       else second_moment(edge_features, np.ones(len(edge_features))))
+        # the edge moments even for the independent model, whose G is not a
+        # weight: the fit that it starts shares its moments
+        edge_moment = second_moment(edge_features, np.ones(len(edge_features)))
         results.append((second_moment(node_features, weight), edge_moment, float(weight.sum())))
     return results
 

@@ -62,7 +62,7 @@ INFERENCE_CHOICES = INFERENCE_METHODS + ("independent",)
 #: chosen from measured curves of test error against L-BFGS iterations
 #: (docs/results/fit_curves/, "When a fit stops" in the user guide).
 N_ITER_NO_CHANGE = 10
-OBJECTIVE_TOL = 1e-3
+OBJECTIVE_TOL = 3e-3
 
 
 def objective_stalled(objectives, n_iter_no_change, objective_tol):
@@ -444,7 +444,7 @@ class MarginalCRF(BaseEstimator):
         value over the last ``n_iter_no_change`` iterations. Applies to every
         stage of the fit (the initialising fits included); ``max_iter``
         stays the hard cap.
-    objective_tol : float, default=1e-3
+    objective_tol : float, default=3e-3
         Relative improvement of the objective over ``n_iter_no_change``
         iterations below which the fit stops; 0 turns the rule off (L-BFGS
         then runs to ``lbfgs_tol`` or ``max_iter``). The defaults were chosen
@@ -457,12 +457,12 @@ class MarginalCRF(BaseEstimator):
         computed once per fit (one pass over the features). The objective,
         its minimum and ``lbfgs_tol`` are unchanged; L-BFGS takes another,
         shorter path where the features are correlated or differently
-        scaled, as image features are: on the horses (quarter scale, 200
-        images) the independent model converged in 12 iterations instead
-        of more than 60, and the TRW fit reached after 20 iterations the
-        objective and test error it reached after 40-60 without (see "When
-        a fit stops" in the user guide). False: L-BFGS on ``F`` and ``G``
-        directly, as in the paper.
+        scaled, as image features are: on the 200 horse training images at
+        full resolution (TRW, 20 iterations) the test error reached .0995
+        after 45 iterations, against .1055 after 90 without, and the
+        objective after 37 iterations was below that of 90 without (see
+        "When a fit stops" in the user guide). False: L-BFGS on ``F`` and
+        ``G`` directly, as in the paper.
     incremental : int or None, default=None
         The paper's incremental procedure for large data sets: fit a random
         subset of ``incremental`` images with ``max_iter`` iterations, then

@@ -56,3 +56,18 @@ def test_fit_curves_dtype_is_the_fits_precision_with_a_record_of_its_own(bsds_di
     assert (r64["params"]["dtype"], r32["params"]["dtype"]) == ("float64", "float32")
     f64, f32 = r64["iterations"][1]["objective"], r32["iterations"][1]["objective"]
     assert f32 != f64 and abs(f32 - f64) < 1e-4 * abs(f64)  # the same fit, in the other precision
+
+
+def test_fit_curves_no_precondition_is_the_papers_lbfgs_with_a_record_of_its_own(bsds_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "curves"
+    common = ["denoising", "--data", str(bsds_dir.parent), "--out", str(out), "--n-jobs", "1",
+              "--n-train", "2", "--n-test", "1", "--scale", "0.1", "--max-iter", "2"]
+    fit_curves.main(common)
+    fit_curves.main(common + ["--no-precondition"])
+    records = {p.name: json.loads(p.read_text()) for p in out.glob("fit_curve_*.json")}
+    [name] = [n for n in records if not n.endswith("-noprecondition.json")]
+    plain = records[name.replace(".json", "-noprecondition.json")]
+    assert (records[name]["params"]["precondition"], plain["params"]["precondition"]) == (True, False)
+    # the same objective along another path (from the independent start,
+    # which the default stopping rule ends elsewhere without preconditioning)
+    assert records[name]["iterations"][1]["objective"] != plain["iterations"][1]["objective"]
