@@ -203,8 +203,12 @@ def report(out):
     plt = _common.pyplot()
     if not records:
         return
-    fig, axes = plt.subplots(1, len(records), figsize=(5 * len(records), 3.6), squeeze=False)
-    for ax, record in zip(axes[0], records):
+    n_cols = min(4, len(records))
+    n_rows = -(-len(records) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(5 * n_cols, 3.6 * n_rows), squeeze=False)
+    for ax in axes.ravel()[len(records):]:
+        ax.set_visible(False)
+    for ax, record in zip(axes.ravel(), records):
         errors = {int(k): v for k, v in record["test_error"].items()}
         ks = sorted(errors)
         ax.plot(ks, [errors[k] for k in ks], "o-", ms=3, label="test error")

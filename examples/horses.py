@@ -17,6 +17,10 @@ piecewise likelihood (no inference in learning, TRW to a threshold of 1e-5 at
 test time) and the independent model with lambda = 1e-4. Every model starts
 from the independent model, smooth classification from the surrogate
 likelihood fit with the same inference and iterations.
+L-BFGS runs preconditioned (``MarginalCRF(precondition=True)``, the default:
+the same objective and minimum along a shorter path); the table in
+``docs/results/horses_table.txt`` was fitted before that existed, on the raw
+weights.
 
 Run::
 

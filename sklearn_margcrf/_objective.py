@@ -38,6 +38,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from ._linear import feature_scores, second_moment, weight_gradient
 from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings, warm_start_applies
@@ -295,8 +296,13 @@ class Preconditioner:
     @classmethod
     def of(cls, objective, node_moment, edge_moment, reg):
         """From the features' second moments (:meth:`CRFObjective.feature_moments`) and the ridge ``reg``."""
-        node_root, node_root_inverse = _inverse_square_root(CURVATURE * node_moment + 2 * reg * np.eye(len(node_moment)))
-        edge_root, edge_root_inverse = _inverse_square_root(CURVATURE * edge_moment + 2 * reg * np.eye(len(edge_moment)))
+        # one LAPACK thread: the same rounding whatever ran in this process
+        # before, so that the weights do not depend on n_jobs or the backend
+        with threadpool_limits(limits=1, user_api="blas"):
+            node_root, node_root_inverse = _inverse_square_root(
+                CURVATURE * node_moment + 2 * reg * np.eye(len(node_moment)))
+            edge_root, edge_root_inverse = _inverse_square_root(
+                CURVATURE * edge_moment + 2 * reg * np.eye(len(edge_moment)))
         return cls(objective, node_root, edge_root, node_root_inverse, edge_root_inverse)
 
     def _apply(self, vector, node_matrix, edge_matrix):
