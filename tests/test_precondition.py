@@ -55,7 +55,7 @@ def test_the_same_minimum_in_fewer_iterations(params):
         assert resumed.loss_curve_[-1] == pytest.approx(whitened.loss_curve_[-1], rel=1e-9)
 
 
-def test_the_objective_curves_differ_but_the_first_value_does_not():
+def test_preconditioning_changes_the_path_from_the_first_iteration():
     X, y = _ill_conditioned()
     plain = _fit(X, y, precondition=False, max_iter=3, inference="independent")
     whitened = _fit(X, y, precondition=True, max_iter=3, inference="independent")
