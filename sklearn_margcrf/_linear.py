@@ -63,7 +63,6 @@ def weight_gradient(score_grad, features):
     return out
 
 
-
 #: Rows per block of :func:`second_moment`: the block's transposed copies
 #: (2 x 64 x D float64) stay in L1/L2 for D up to about 100.
 _MOMENT_BLOCK = 64

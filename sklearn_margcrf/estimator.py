@@ -1098,7 +1098,7 @@ class MarginalCRF(BaseEstimator):
             if not start:
                 start.append(f)
                 if converged(g):  # as scipy's gtol: checked at the start, then at each iterate
-                    raise _Converged(w)
+                    raise _Converged(w0)  # the start itself, not its round trip through z
             return f, gradient_in(g)
 
         def callback(intermediate_result):
@@ -1142,22 +1142,20 @@ class MarginalCRF(BaseEstimator):
                         # gtol 0: lbfgs_tol is checked here, on the gradient in the weights
                         options={"maxiter": max_iter - n_iter, "gtol": 0.0},
                     )
-                except _Converged as stop:
-                    self._log(f"{stage}: the largest gradient entry reached lbfgs_tol={self.lbfgs_tol:g} "
-                              f"after {len(curve)} iterations")
-                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
-                    break
-                except _Stalled as stop:
-                    self._log(
-                        f"{stage}: the objective fell by less than objective_tol={self.objective_tol:g} (relative) "
-                        f"over the last n_iter_no_change={self.n_iter_no_change} iterations; stopped after {len(curve)}"
-                    )
-                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
-                    break
-                except _StopFit as stop:
-                    self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
-                    progress.stopped = True
-                    w, n_iter, result = stop.weights if curve else w0, len(curve), None
+                except _StopFit as stop:  # lbfgs_tol, the stopping rule or the user's callback
+                    if isinstance(stop, _Converged):
+                        self._log(f"{stage}: the largest gradient entry reached lbfgs_tol={self.lbfgs_tol:g} "
+                                  f"after {len(curve)} iterations")
+                    elif isinstance(stop, _Stalled):
+                        self._log(
+                            f"{stage}: the objective fell by less than objective_tol={self.objective_tol:g} "
+                            f"(relative) over the last n_iter_no_change={self.n_iter_no_change} iterations; "
+                            f"stopped after {len(curve)}"
+                        )
+                    else:
+                        self._log(f"{stage}: stopped by the callback after {len(curve)} iterations")
+                        progress.stopped = True
+                    w, n_iter, result = stop.weights, len(curve), None
                     break
                 n_iter += int(result.nit)
                 improved = f_start is None or (np.isfinite(result.fun) and result.fun < f_start)
