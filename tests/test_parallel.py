@@ -6,6 +6,7 @@ diagnostics returned as counts."""
 import os
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
@@ -40,10 +41,13 @@ def test_batches_are_dumped_once_and_nothing_is_left_behind(backend, tmp_path, m
     with warnings.catch_warnings(), joblib.parallel_config(backend=backend):
         warnings.simplefilter("ignore", ConvergenceWarning)
         MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=lambda p: seen.append(_files(tmp_path))).fit(X, y)
-    # two batch files, the same ones at every iteration: written once, and
-    # joblib memory-mapped nothing of its own (they went by reference)
-    assert len(seen) > 2 and len(seen[0]) == 2
-    assert all(size > 2**20 for _, _, _, size in seen[0])
+    # two batches of four files (features, edges, labels), the same ones at
+    # every iteration: written once, and joblib memory-mapped nothing of its
+    # own (they went by reference)
+    names = sorted(os.path.basename(path) for path, _, _, _ in seen[0])
+    assert len(seen) > 2 and names == [f"batch{c}.{name}" for c in (0, 1)
+                                       for name in ("edge_features", "edges", "labels", "node_features")]
+    assert all(size > 2**20 for path, _, _, size in seen[0] if not path.endswith(".labels"))
     assert all(files == seen[0] for files in seen)
     assert list(tmp_path.iterdir()) == []
 
@@ -61,6 +65,38 @@ def test_results_come_back_in_image_order():
         with joblib.parallel_config(backend=backend), ImageBatches(samples, labels, n_jobs=2) as batches:
             assert len(batches.groups) == 2
             assert batches.map(sizes) == [h * w for h, w in shapes]
+
+
+def _sleep_by_first_feature(batch):
+    """(image number, thread) of each image of ``batch``; image 0 takes 20 times as long as the others."""
+    out = []
+    for node_features, _, _, _ in batch.images():
+        number = int(node_features[0, 0])
+        time.sleep(0.2 if number == 0 else 0.01)
+        out.append((number, threading.get_ident()))
+    return out
+
+
+def test_the_next_map_balances_the_workers_by_the_seconds_of_each_image():
+    # four images of one size: a first map gives each worker two of them,
+    # although image 0 takes 20 times as long; the next map gives image 0 a
+    # worker of its own and the other three to the other worker
+    X, y = make_structured_data(n_samples=4, shape=(4, 4))
+    for number, sample in enumerate(X):
+        sample.node_features[0, 0] = number
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    with joblib.parallel_config(backend="threading"), ImageBatches(samples, labels, n_jobs=2) as batches:
+        first = batches.map(_sleep_by_first_feature)
+        second = batches.map(_sleep_by_first_feature)
+    assert [number for number, _ in first] == [number for number, _ in second] == [0, 1, 2, 3]
+
+    def sharing_a_thread_with_0(results):
+        return sorted(number for number, thread in results[1:] if thread == results[0][1])
+
+    assert len(sharing_a_thread_with_0(first)) == 1  # by size, two images per worker
+    assert sharing_a_thread_with_0(second) == []
+    assert len({thread for _, thread in second[1:]}) == 1
 
 
 _FULL_FOLDER_SCRIPT = """
@@ -149,7 +185,7 @@ def test_the_batches_of_a_killed_fit_are_removed(tmp_path):
                            text=True, env=env)
     try:
         assert fit.stdout.readline().strip() == "fitting"
-        assert len(_files(tmp_path)) == 2
+        assert len(_files(tmp_path)) == 8  # two batches of four arrays
     finally:
         fit.kill()
         fit.wait()
