@@ -28,7 +28,10 @@ change. So the images are packed once into one :class:`Batch` per worker
   delays the map. The scheduler keeps each packing task, with its images,
   until the map is closed. Not through joblib's ``Parallel``: it runs a call
   in this process, with the futures in place of the batches, whenever the
-  cluster is down to one thread (a worker lost and not yet replaced).
+  cluster is down to one thread (a worker lost and not yet replaced). Images
+  move between the batches when the seconds they took say that the workers'
+  shares are uneven (:func:`rebalanced_groups`), by tasks where the batches
+  are: only the images that move travel.
 
 Results come back per image, in image order, so that sums over them do not
 depend on ``n_jobs`` or on the backend.
@@ -67,7 +70,7 @@ from sklearn.utils.parallel import Parallel, delayed
 from ._workspace import release
 
 __all__ = ["Batch", "ImageBatches", "ImageStarts", "LostWorker", "WarmStarts", "balanced_groups", "cluster_client", "pack",
-           "plan_groups"]
+           "plan_groups", "rebalanced_groups"]
 
 #: the maps whose per-image seconds (their median) balance the next map's tasks
 _COST_MAPS = 5
@@ -103,6 +106,32 @@ def balanced_groups(costs, n_groups):
     return [sorted(g) for g in groups if g]
 
 
+def rebalanced_groups(groups, costs, min_gain=0.02):
+    """Groups of similar total cost reached from ``groups`` by moving few
+    images (each from the costliest group to the cheapest while that brings
+    them closer), or None when that lowers the costliest total by less than
+    ``min_gain`` (relative): for a cluster, where moving an image copies it.
+    Each group keeps its images' order, the images that come in last."""
+    members = [list(group) for group in groups]
+    loads = [sum(costs[k] for k in group) for group in groups]
+    before = max(loads)
+    for _ in range(len(costs) * len(groups)):  # each move lowers the sum of squared loads
+        high, low = int(np.argmax(loads)), int(np.argmin(loads))
+        gap = loads[high] - loads[low]
+        candidates = [k for k in members[high] if 0 < costs[k] < gap]
+        if not candidates:
+            break
+        k = min(candidates, key=lambda k: (abs(gap - 2 * costs[k]), k))
+        members[high].remove(k)
+        members[low].append(k)
+        loads[high] -= costs[k]
+        loads[low] += costs[k]
+    if max(loads) > (1 - min_gain) * before:
+        return None
+    return [[k for k in group if k in set(members[c])] + [k for k in members[c] if k not in set(group)]
+            for c, group in enumerate(groups)]
+
+
 def plan_groups(samples, n_jobs):
     """The image indices of each batch: one balanced group per worker."""
     n_groups = max(1, min(int(effective_n_jobs(n_jobs)), len(samples)))
@@ -127,6 +156,10 @@ class Batch:
     edges: np.ndarray
     edge_features: np.ndarray
     labels: np.ndarray = None
+
+    @property
+    def n_images(self):
+        return len(self.node_ptr) - 1
 
     def image(self, b):
         """Image ``b`` alone, as a :class:`Batch` of views."""
@@ -207,33 +240,25 @@ def _room_for(path, what):
     resource_tracker.register(path, "file")
 
 
-def _call(func, batch, args, starts):
-    """``func`` on one batch (worker side): (per-image results, the ends of
-    ``starts`` when they must travel back, else None).
-
-    The scratch buffers that the batch's images shared are dropped at the
-    end (``_workspace.release``): a process worker's tasks are not pinned to
-    one batch, and kept buffers sized for the other batch's largest image
-    took a worker past loky's memory-leak margin (300 MB above its size
-    after its first task), so that loky replaced it. Measured (2026-12-03,
-    16 full-resolution horses, 2 loky workers): pools of 189 and 873 MB,
-    five workers replaced in a fit of 3 L-BFGS iterations, two workers 0.73-
-    0.87 times as fast as one. The images of a batch still share them."""
-    try:
-        if starts is None:
-            return func(batch, *args), None
-        return func(batch, *args, starts), starts.travelling_ends()
-    finally:
-        release()
-
-
 def _call_images(func, task, args):
     """``func`` on each image of ``task``, a list of (batch, its
     :class:`ImageStarts` or None, positions in the batch), one image at a
-    time (worker side): per part, the images' results and seconds."""
+    time (worker side): per part, (the images' results, their seconds, the
+    ends of the part's starts when they travel back, else None).
+
+    The scratch buffers that the task's images shared are dropped at the end
+    (``_workspace.release``): a process worker's tasks are not pinned to
+    images, and kept buffers sized for another task's largest image took a
+    worker past loky's memory-leak margin (300 MB above its size after its
+    first task), so that loky replaced it. Measured (2026-12-03, 16 full-
+    resolution horses, 2 loky workers): pools of 189 and 873 MB, five workers
+    replaced in a fit of 3 L-BFGS iterations, two workers 0.73-0.87 times as
+    fast as one. The images of a task still share them."""
     try:
         out = []
         for batch, starts, positions in task:
+            if starts is not None and starts.ends is None:  # they travel back
+                starts.ends = np.empty(starts.ptr[-1], starts.dtype)
             results, seconds = [], []
             for b in positions:
                 clock = time.perf_counter()
@@ -241,10 +266,26 @@ def _call_images(func, task, args):
                 (result,) = func(batch.image(b), *args, *extra)
                 seconds.append(time.perf_counter() - clock)
                 results.append(result)
-            out.append((results, seconds))
+            out.append((results, seconds, None if starts is None else starts.travelling_ends()))
         return out
     finally:
         release()
+
+
+def _take(batch, positions):
+    """The images ``positions`` of ``batch`` as a batch of their own (worker side)."""
+    return _joined([batch.image(b) for b in positions])
+
+
+def _regroup(batch, kept, *incoming):
+    """The images ``kept`` of ``batch``, then those of the ``incoming``
+    batches, as one batch (worker side, where ``batch`` is)."""
+    return _joined([batch.image(b) for b in kept] + [part.image(b) for part in incoming for b in range(part.n_images)])
+
+
+def _joined(images):
+    labels = None if images[0].labels is None else [image.labels for image in images]
+    return pack(images, labels, range(len(images)))
 
 
 @dataclass
@@ -253,7 +294,7 @@ class ImageStarts:
     the batch starts from ``previous[ptr[b]:ptr[b + 1]]`` (None: no earlier
     map, a cold start) and keeps its end in ``ends[ptr[b]:ptr[b + 1]]``,
     which the worker allocates when it is None (the ends then travel back
-    with the results)."""
+    with the results: ``travelling``)."""
 
     ptr: np.ndarray
     dtype: np.dtype
@@ -262,7 +303,7 @@ class ImageStarts:
     travelling: bool = False
 
     def image(self, b):
-        """Image ``b``'s alone (with a shared folder, where ``ends`` are given)."""
+        """Image ``b``'s alone, its ends a view of these (which must be allocated)."""
         part = slice(self.ptr[b], self.ptr[b + 1])
         return ImageStarts(np.array([0, self.ptr[b + 1] - self.ptr[b]]), self.dtype,
                            None if self.previous is None else self.previous[part], self.ends[part])
@@ -273,8 +314,6 @@ class ImageStarts:
 
     def keep(self, b, end):
         """Keep where image ``b``'s inference ended, for the next map."""
-        if self.ends is None:
-            self.ends = np.empty(self.ptr[-1], self.dtype)
         self.ends[self.ptr[b]:self.ptr[b + 1]] = np.ravel(end)
 
     def travelling_ends(self):
@@ -285,15 +324,17 @@ class WarmStarts:
     """Where each image's inference ended in the last map, to start the next
     from (see the module docstring): ``ImageBatches.map(func, ...,
     starts=this)``. The first map starts cold. With a shared folder, two
-    files per batch; otherwise the ends are kept here."""
+    files per batch; otherwise the ends are kept here, per image (a
+    cluster's batches may change between maps)."""
 
     def __init__(self, batches, sizes, dtype):
+        self.batches = batches
+        self.sizes = list(sizes)
         self.dtype = np.dtype(dtype)
-        self.pointers = [pointers([sizes[k] for k in group]) for group in batches.groups]
         self.n_maps = 0
         self.paths = []
         if batches.folder is None:  # the ends travel with the tasks and results
-            self.kept = [None] * len(self.pointers)
+            self.kept = [None] * len(self.sizes)
             return
         self.kept = None
         self.buffers = []
@@ -303,30 +344,43 @@ class WarmStarts:
             self.close()
             raise
 
+    def _pointers(self, group):
+        return pointers([self.sizes[k] for k in group])
+
     def _map_files(self, folder):
-        for c, ptr in enumerate(self.pointers):
+        for c, group in enumerate(self.batches.groups):  # fixed with a shared folder
+            size = int(self._pointers(group)[-1])
             pair = []
             for parity in (0, 1):
                 path = os.path.join(folder, f"starts{id(self)}-{c}.{parity}")
-                pair.append(_writable_map(path, (int(ptr[-1]),), self.dtype))
-                if ptr[-1]:  # an empty one is in memory
+                pair.append(_writable_map(path, (size,), self.dtype))
+                if size:  # an empty one is in memory
                     self.paths.append(path)
             self.buffers.append(pair)
 
     def image_starts(self):
         """The :class:`ImageStarts` of each batch for the next map."""
+        groups = self.batches.groups
         if self.kept is not None:
-            return [ImageStarts(ptr, self.dtype, previous, travelling=True) for ptr, previous in zip(self.pointers, self.kept)]
+            return [
+                ImageStarts(self._pointers(group), self.dtype,
+                            np.concatenate([self.kept[k] for k in group]) if self.n_maps else None, travelling=True)
+                for group in groups
+            ]
         read = self.n_maps % 2
         return [
-            ImageStarts(ptr, self.dtype, pair[read] if self.n_maps else None, pair[1 - read])
-            for ptr, pair in zip(self.pointers, self.buffers)
+            ImageStarts(self._pointers(group), self.dtype, pair[read] if self.n_maps else None, pair[1 - read])
+            for group, pair in zip(groups, self.buffers)
         ]
 
     def advance(self, travelled):
-        """After a completed map: its ends become the next map's starts."""
+        """After a completed map: its ends (per batch, when they travelled)
+        become the next map's starts."""
         if self.kept is not None:
-            self.kept = travelled
+            for group, ends in zip(self.batches.groups, travelled):
+                ptr = self._pointers(group)
+                for b, k in enumerate(group):
+                    self.kept[k] = ends[ptr[b]:ptr[b + 1]]
         self.n_maps += 1
 
     def close(self):
@@ -375,8 +429,9 @@ class ImageBatches:
 
     ``with ImageBatches(samples, labels, n_jobs) as batches:`` then
     ``batches.map(func, *args)`` runs ``func(batch, *args)`` (which returns one
-    result per image of the batch) on every batch and returns the results of
-    all images, in the order of ``samples``. See the module docstring.
+    result per image of the batch) on every image, as a batch of its own, and
+    returns the results of all images, in the order of ``samples``. See the
+    module docstring.
     """
 
     def __init__(self, samples, labels, n_jobs=None, verbose=0):
@@ -447,64 +502,87 @@ class ImageBatches:
         return handles
 
     def map(self, func, *args, starts=None):
-        """``func(batch, *args)`` on every batch (with :class:`WarmStarts`
-        ``starts``: ``func(batch, *args, image_starts)``, an
-        :class:`ImageStarts` of that batch), the results in image order."""
-        handles = [None] * len(self.groups) if starts is None else starts.image_starts()
-        if self._client is not None:
-            per_batch = self._client.gather([
-                self._client.submit(_call, func, batch, args, handle, pure=False)
-                for batch, handle in zip(self._handles, handles)
-            ])
-        elif self._parallel is None:
-            per_batch = [_call(func, batch, args, handle) for batch, handle in zip(self._handles, handles)]
-        else:
-            return self._map_images(func, args, handles, starts)
-        if starts is not None:
-            starts.advance([ends for _, ends in per_batch])
-        out = [None] * self.n_images
-        for group, (results, _) in zip(self.groups, per_batch):
-            for k, result in zip(group, results):
-                out[k] = result
-        return out
+        """``func(batch, *args)`` on every image, as a batch of its own (with
+        :class:`WarmStarts` ``starts``: ``func(batch, *args, image_starts)``,
+        an :class:`ImageStarts` of that image), the results in image order.
 
-    def _map_images(self, func, args, handles, starts):
-        """The map with a shared folder: every worker maps every batch file, so
-        a task may take any images. The first map of ``func`` gives each task a
-        batch (balanced by size); the next ones rebalance by the seconds that
-        each image took in the last, so that the tasks end together. Sizes
-        predict badly where an image's working set outgrows the cache:
-        measured (16 horses at half resolution, 2 threads), the batch holding
-        the largest image (71,000 pixels, the others 8,000-19,000) took 0.52 s
-        per map against 0.43 s for the other, of equal size."""
+        Each map balances the next map of the same function by the seconds
+        that each image took (the median over its last maps: one map's are
+        noisy, and the first is often special). Sizes predict badly where an
+        image's working set outgrows the cache: measured (16 horses at half
+        resolution, 2 threads), the batch holding the largest image (71,000
+        pixels, the others 8,000-19,000) took 0.52 s per map against 0.43 s
+        for the other, of equal size. With a shared folder every worker maps
+        every batch, so a task may take any images; on a cluster, images move
+        between the batches instead (:meth:`_move_images`).
+        """
+        handles = [None] * len(self.groups) if starts is None else starts.image_starts()
         tasks = self._tasks.get(func) or [[(c, range(len(group)))] for c, group in enumerate(self.groups)]
-        try:
-            per_task = self._parallel(
-                delayed(_call_images)(func, [(self._handles[c], handles[c], positions) for c, positions in task], args)
-                for task in tasks
-            )
-        except TerminatedWorkerError as exc:
-            self._stop_workers(type(exc), exc, exc.__traceback__)
-            self._start_workers()  # the batch files stay: fresh workers map them again
-            raise LostWorker(str(exc)) from exc
-        if starts is not None:
-            starts.advance(None)
-        out, seconds = [None] * self.n_images, [0.0] * self.n_images
+        calls = [[(self._handles[c], handles[c], positions) for c, positions in task] for task in tasks]
+        if self._client is not None:
+            per_task = self._client.gather([self._client.submit(_call_images, func, call, args, pure=False)
+                                            for call in calls])
+        elif self._parallel is None:
+            per_task = [_call_images(func, call, args) for call in calls]
+        else:
+            try:
+                per_task = self._parallel(delayed(_call_images)(func, call, args) for call in calls)
+            except TerminatedWorkerError as exc:
+                self._stop_workers(type(exc), exc, exc.__traceback__)
+                self._start_workers()  # the batch files stay: fresh workers map them again
+                raise LostWorker(str(exc)) from exc
+        out, seconds, travelled = [None] * self.n_images, [0.0] * self.n_images, [None] * len(self.groups)
         for task, parts in zip(tasks, per_task):
-            for (c, positions), (results, times) in zip(task, parts):
+            for (c, positions), (results, times, ends) in zip(task, parts):
+                travelled[c] = ends  # a whole batch's, when they travel
                 for b, result, t in zip(positions, results, times):
                     out[self.groups[c][b]] = result
                     seconds[self.groups[c][b]] = t
+        if starts is not None:
+            starts.advance(travelled)
+        self._balance(func, seconds)
+        return out
+
+    def _balance(self, func, seconds):
         history = self._seconds.setdefault(func, [])
         history.append(seconds)
         del history[:-_COST_MAPS]
-        costs = np.median(history, axis=0)  # one map's seconds are noisy, and the first is often special
+        costs = [float(c) for c in np.median(history, axis=0)]
+        if len(self.groups) < 2:
+            return
+        if self.folder is not None:
+            where = {k: (c, b) for c, group in enumerate(self.groups) for b, k in enumerate(group)}
+            self._tasks[func] = [
+                [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
+                for images in balanced_groups(costs, len(self.groups))
+            ]
+        elif self._client is not None:
+            # where the images live follows the function that costs the most
+            heaviest = max(self._seconds, key=lambda f: float(np.sum(np.median(self._seconds[f], axis=0))))
+            if heaviest is func:
+                groups = rebalanced_groups(self.groups, costs)
+                if groups is not None:
+                    self._move_images(groups)
+
+    def _move_images(self, groups):
+        """Move images between a cluster's batches so that batch ``c`` holds
+        the images ``groups[c]`` (:func:`rebalanced_groups`): each batch
+        sends its leaving images to the others and keeps its own, by tasks
+        that run where the batches are; only the images that move travel."""
         where = {k: (c, b) for c, group in enumerate(self.groups) for b, k in enumerate(group)}
-        self._tasks[func] = [
-            [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
-            for images in balanced_groups(list(costs), len(self.groups))
-        ]
-        return out
+        handles, order = [], []
+        for d, group in enumerate(groups):
+            kept = [where[k][1] for k in group if where[k][0] == d]
+            incoming = {}
+            for k in group:
+                if where[k][0] != d:
+                    incoming.setdefault(where[k][0], []).append(where[k][1])
+            parts = [self._client.submit(_take, self._handles[c], positions, pure=False)
+                     for c, positions in sorted(incoming.items())]
+            handles.append(self._client.submit(_regroup, self._handles[d], kept, *parts, pure=False))
+            order.append([self.groups[d][b] for b in kept]
+                         + [self.groups[c][b] for c, positions in sorted(incoming.items()) for b in positions])
+        self._handles, self.groups = handles, order
 
     def __exit__(self, *exc):
         self._stop_workers(*exc)

@@ -17,7 +17,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
-from sklearn_margcrf._parallel import ImageBatches, pack
+from sklearn_margcrf._parallel import ImageBatches, pack, rebalanced_groups
 from sklearn_margcrf.estimator import _check_X, _check_y
 
 
@@ -97,6 +97,52 @@ def test_the_next_map_balances_the_workers_by_the_seconds_of_each_image():
     assert len(sharing_a_thread_with_0(first)) == 1  # by size, two images per worker
     assert sharing_a_thread_with_0(second) == []
     assert len({thread for _, thread in second[1:]}) == 1
+
+
+def _count_with_starts(batch, image_starts):
+    """Per image: (image number, where it started: None cold), ending at
+    100 x its number at its first map and one more at each later map; image
+    0 takes 20 times as long as the others."""
+    out = []
+    for b, (node_features, _, _, _) in enumerate(batch.images()):
+        number = int(node_features[0, 0])
+        time.sleep(0.2 if number == 0 else 0.01)
+        start = image_starts.start(b)
+        started = None if start is None else float(start[0])
+        image_starts.keep(b, [100.0 * number if started is None else started + 1])
+        out.append((number, started))
+    return out
+
+
+def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
+    distributed = pytest.importorskip("distributed")
+    X, y = make_structured_data(n_samples=4, shape=(4, 4))
+    for number, sample in enumerate(X):
+        sample.node_features[0, 0] = number
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        with distributed.Client(cluster), joblib.parallel_config(backend="dask"):
+            with ImageBatches(samples, labels, n_jobs=2) as batches, batches.warm_starts([1] * 4, np.float64) as starts:
+                groups = [sorted(group) for group in batches.groups]
+                maps = [batches.map(_count_with_starts, starts=starts)]
+                moved = [sorted(group) for group in batches.groups]
+                maps += [batches.map(_count_with_starts, starts=starts) for _ in range(2)]
+    assert sorted(map(len, groups)) == [2, 2]  # by size
+    assert sorted(moved) == [[0], [1, 2, 3]]  # by the seconds of the first map
+    # results in image order, and each image started where it ended, wherever it moved
+    assert maps == [[(k, None) for k in range(4)], [(k, 100.0 * k) for k in range(4)],
+                    [(k, 100.0 * k + 1) for k in range(4)]]
+
+
+def test_rebalanced_groups_move_few_images_and_only_for_a_real_gain():
+    # loads 3 and 1: one image of cost 1 moves, the first of the costliest group
+    assert rebalanced_groups([[0, 1, 2], [3]], [1.0] * 4) == [[1, 2], [3, 0]]
+    # the image whose move brings the totals closest: image 1 (cost 2) to even 4 against 0
+    assert rebalanced_groups([[0, 1, 2], [3]], [1.0, 2.0, 1.0, 0.0]) == [[0, 2], [3, 1]]
+    # no move lowers the costliest total by 2%
+    assert rebalanced_groups([[0], [1]], [1.0, 0.99]) is None
+    assert rebalanced_groups([[0, 1], [2]], [1.0, 0.02, 1.0]) is None
 
 
 _FULL_FOLDER_SCRIPT = """
