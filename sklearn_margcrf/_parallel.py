@@ -448,6 +448,7 @@ class ImageBatches:
         self._folder_manager = None
         self._tasks = {}  # func -> the images of each task of its next map
         self._seconds = {}  # func -> the seconds of each image in its last maps (at most _COST_MAPS)
+        self._moves = None  # on a cluster: the groups that the batches are to hold from the next map on
 
     def __enter__(self):
         self.groups = plan_groups(self.samples, self.n_jobs)
@@ -516,6 +517,9 @@ class ImageBatches:
         every batch, so a task may take any images; on a cluster, images move
         between the batches instead (:meth:`_move_images`).
         """
+        if self._moves is not None:
+            self._move_images(self._moves)
+            self._moves = None
         handles = [None] * len(self.groups) if starts is None else starts.image_starts()
         tasks = self._tasks.get(func) or [[(c, range(len(group)))] for c, group in enumerate(self.groups)]
         calls = [[(self._handles[c], handles[c], positions) for c, positions in task] for task in tasks]
@@ -559,10 +563,8 @@ class ImageBatches:
         elif self._client is not None:
             # where the images live follows the function that costs the most
             heaviest = max(self._seconds, key=lambda f: float(np.sum(np.median(self._seconds[f], axis=0))))
-            if heaviest is func:
-                groups = rebalanced_groups(self.groups, costs)
-                if groups is not None:
-                    self._move_images(groups)
+            if heaviest is func:  # moved at the next map, if any (not after a fit's last)
+                self._moves = rebalanced_groups(self.groups, costs)
 
     def _move_images(self, groups):
         """Move images between a cluster's batches so that batch ``c`` holds

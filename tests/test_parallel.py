@@ -126,9 +126,11 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
             with ImageBatches(samples, labels, n_jobs=2) as batches, batches.warm_starts([1] * 4, np.float64) as starts:
                 groups = [sorted(group) for group in batches.groups]
                 maps = [batches.map(_count_with_starts, starts=starts)]
+                pending = [sorted(group) for group in batches.groups]
+                maps += [batches.map(_count_with_starts, starts=starts)]
                 moved = [sorted(group) for group in batches.groups]
-                maps += [batches.map(_count_with_starts, starts=starts) for _ in range(2)]
-    assert sorted(map(len, groups)) == [2, 2]  # by size
+                maps += [batches.map(_count_with_starts, starts=starts)]
+    assert sorted(map(len, groups)) == [2, 2] and pending == groups  # by size, until a next map
     assert sorted(moved) == [[0], [1, 2, 3]]  # by the seconds of the first map
     # results in image order, and each image started where it ended, wherever it moved
     assert maps == [[(k, None) for k in range(4)], [(k, 100.0 * k) for k in range(4)],
