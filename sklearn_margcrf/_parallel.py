@@ -12,8 +12,8 @@ change. So the images are packed once into one :class:`Batch` per worker
   memory-mapped arrays by reference (file name and offset), so at each
   iteration process workers map the same pages and nothing is hashed or
   copied; threads read them directly. Written in place rather than packed in
-  memory and dumped (``joblib.dump``): the 200 full-resolution horses (9 GB
-  in float32) took about 60 s and twice their size in memory that way. The
+  memory and dumped (``joblib.dump``), which held a second copy of the images
+  in memory (9 GB for the 200 full-resolution horses in float32). The
   files are registered with joblib's resource tracker, which removes them
   even when this process is killed, and the folder is removed when the map
   is closed. As every worker maps every batch, a task may take any images:
@@ -128,8 +128,11 @@ def rebalanced_groups(groups, costs, min_gain=0.02):
         loads[low] += costs[k]
     if max(loads) > (1 - min_gain) * before:
         return None
-    return [[k for k in group if k in set(members[c])] + [k for k in members[c] if k not in set(group)]
-            for c, group in enumerate(groups)]
+    regrouped = []
+    for group, now in zip(groups, members):
+        stayed, before = set(now), set(group)
+        regrouped.append([k for k in group if k in stayed] + [k for k in now if k not in before])
+    return regrouped
 
 
 def plan_groups(samples, n_jobs):
@@ -548,6 +551,7 @@ class ImageBatches:
         return out
 
     def _balance(self, func, seconds):
+        """Plan the next map of ``func`` from the seconds of each image in this one."""
         history = self._seconds.setdefault(func, [])
         history.append(seconds)
         del history[:-_COST_MAPS]
@@ -579,6 +583,10 @@ class ImageBatches:
             for k in group:
                 if where[k][0] != d:
                     incoming.setdefault(where[k][0], []).append(where[k][1])
+            if not incoming and len(kept) == len(self.groups[d]):  # unchanged
+                handles.append(self._handles[d])
+                order.append(self.groups[d])
+                continue
             parts = [self._client.submit(_take, self._handles[c], positions, pure=False)
                      for c, positions in sorted(incoming.items())]
             handles.append(self._client.submit(_regroup, self._handles[d], kept, *parts, pure=False))
