@@ -176,7 +176,7 @@ class Batch:
 
     def images(self):
         """Yield (node_features, edges, edge_features, labels) views of each image."""
-        for b in range(len(self.node_ptr) - 1):
+        for b in range(self.n_images):
             n0, n1 = self.node_ptr[b], self.node_ptr[b + 1]
             e0, e1 = self.edge_ptr[b], self.edge_ptr[b + 1]
             labels = self.labels[n0:n1] if self.labels is not None else None
@@ -550,16 +550,20 @@ class ImageBatches:
         self._balance(func, seconds)
         return out
 
+    def _positions(self):
+        """Image ``k`` -> (its batch, its position in the batch)."""
+        return {k: (c, b) for c, group in enumerate(self.groups) for b, k in enumerate(group)}
+
     def _balance(self, func, seconds):
         """Plan the next map of ``func`` from the seconds of each image in this one."""
+        if len(self.groups) < 2:  # one batch, in this process: nothing to balance
+            return
         history = self._seconds.setdefault(func, [])
         history.append(seconds)
         del history[:-_COST_MAPS]
         costs = [float(c) for c in np.median(history, axis=0)]
-        if len(self.groups) < 2:
-            return
         if self.folder is not None:
-            where = {k: (c, b) for c, group in enumerate(self.groups) for b, k in enumerate(group)}
+            where = self._positions()
             self._tasks[func] = [
                 [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
                 for images in balanced_groups(costs, len(self.groups))
@@ -575,7 +579,7 @@ class ImageBatches:
         the images ``groups[c]`` (:func:`rebalanced_groups`): each batch
         sends its leaving images to the others and keeps its own, by tasks
         that run where the batches are; only the images that move travel."""
-        where = {k: (c, b) for c, group in enumerate(self.groups) for b, k in enumerate(group)}
+        where = self._positions()
         handles, order = [], []
         for d, group in enumerate(groups):
             kept = [where[k][1] for k in group if where[k][0] == d]
