@@ -11,9 +11,11 @@ change. So the images are packed once into one :class:`Batch` per worker
   array, and memory-mapped read-only (``np.memmap``). joblib pickles
   memory-mapped arrays by reference (file name and offset), so at each
   iteration process workers map the same pages and nothing is hashed or
-  copied; threads read them directly. Written in place rather than packed in
-  memory and dumped (``joblib.dump``), which held a second copy of the images
-  in memory (9 GB for the 200 full-resolution horses in float32). The
+  copied; threads read them directly. Written image by image (:func:`_written`)
+  rather than packed in memory and dumped (``joblib.dump``), which held a
+  second copy of the images in memory (9 GB for the 200 full-resolution
+  horses in float32); arrays that are memory maps of a file already go by
+  reference as they are, uncopied. The
   files are registered with joblib's resource tracker, which removes them
   even when this process is killed, and the folder is removed when the map
   is closed. As every worker maps every batch, a task may take any images:
@@ -53,6 +55,7 @@ recompute is the caller's decision (the estimator does once per fit).
 """
 
 import errno
+import mmap
 import os
 import time
 import warnings
@@ -149,38 +152,29 @@ def cluster_client():
 
 @dataclass(frozen=True)
 class Batch:
-    """Images concatenated: image ``b`` has the rows ``node_ptr[b]:node_ptr[b + 1]``
-    of ``node_features`` and ``labels`` (None at prediction) and the rows
-    ``edge_ptr[b]:edge_ptr[b + 1]`` of ``edges`` and ``edge_features``."""
+    """Images side by side: image ``b`` is ``node_features[b]``, ``edges[b]``
+    (int64, (E, 2)), ``edge_features[b]`` and ``labels[b]`` (int64; ``labels``
+    is None at prediction), each a tuple with one array per image."""
 
-    node_ptr: np.ndarray
-    edge_ptr: np.ndarray
-    node_features: np.ndarray
-    edges: np.ndarray
-    edge_features: np.ndarray
-    labels: np.ndarray = None
+    node_features: tuple
+    edges: tuple
+    edge_features: tuple
+    labels: tuple = None
 
     @property
     def n_images(self):
-        return len(self.node_ptr) - 1
+        return len(self.node_features)
 
     def image(self, b):
-        """Image ``b`` alone, as a :class:`Batch` of views."""
-        n0, n1 = self.node_ptr[b], self.node_ptr[b + 1]
-        e0, e1 = self.edge_ptr[b], self.edge_ptr[b + 1]
-        return Batch(
-            node_ptr=np.array([0, n1 - n0]), edge_ptr=np.array([0, e1 - e0]),
-            node_features=self.node_features[n0:n1], edges=self.edges[e0:e1],
-            edge_features=self.edge_features[e0:e1], labels=None if self.labels is None else self.labels[n0:n1],
-        )
+        """Image ``b`` alone, as a :class:`Batch`."""
+        return Batch((self.node_features[b],), (self.edges[b],), (self.edge_features[b],),
+                     None if self.labels is None else (self.labels[b],))
 
     def images(self):
-        """Yield (node_features, edges, edge_features, labels) views of each image."""
+        """Yield (node_features, edges, edge_features, labels) of each image."""
         for b in range(self.n_images):
-            n0, n1 = self.node_ptr[b], self.node_ptr[b + 1]
-            e0, e1 = self.edge_ptr[b], self.edge_ptr[b + 1]
-            labels = self.labels[n0:n1] if self.labels is not None else None
-            yield self.node_features[n0:n1], self.edges[e0:e1], self.edge_features[e0:e1], labels
+            yield (self.node_features[b], self.edges[b], self.edge_features[b],
+                   None if self.labels is None else self.labels[b])
 
 
 def pointers(counts):
@@ -190,36 +184,79 @@ def pointers(counts):
     return ptr
 
 
-def pack(samples, labels, indices, allocate=None):
+def pack(samples, labels, indices, store=None):
     """The :class:`Batch` of the images ``indices`` of ``samples`` (objects with
     ``node_features``, ``edges``, ``edge_features``) and ``labels`` (or None).
-    Each of its arrays is ``allocate(name, shape, dtype)`` (default: in
-    memory), filled one image at a time."""
-
-    def stacked(name, parts, dtype=None):
-        if dtype is None:  # empty parts (edgeless images) do not promote float32
-            dtype = np.result_type(*([p for p in parts if p.size] or parts))
-        trailing = next((p.shape[1:] for p in parts if p.size), parts[0].shape[1:])
-        out = (allocate or _in_memory)(name, (sum(p.shape[0] for p in parts), *trailing), np.dtype(dtype))
-        start = 0
-        for part in parts:
-            out[start:start + part.shape[0]] = part
-            start += part.shape[0]
-        return out
-
+    Each of its fields is ``store(name, parts)`` of the images' arrays
+    (default: the arrays themselves, C-contiguous)."""
     chosen = [samples[i] for i in indices]
-    return Batch(
-        node_ptr=pointers([s.node_features.shape[0] for s in chosen]),
-        edge_ptr=pointers([s.edges.shape[0] for s in chosen]),
-        node_features=stacked("node_features", [s.node_features for s in chosen]),
-        edges=stacked("edges", [s.edges.reshape(-1, 2) for s in chosen], np.int64),
-        edge_features=stacked("edge_features", [s.edge_features for s in chosen]),
-        labels=stacked("labels", [labels[i] for i in indices], np.int64) if labels is not None else None,
+    fields = {
+        "node_features": [s.node_features for s in chosen],
+        "edges": [np.asarray(s.edges, dtype=np.int64).reshape(-1, 2) for s in chosen],
+        "edge_features": [s.edge_features for s in chosen],
+        "labels": None if labels is None else [np.asarray(labels[i], dtype=np.int64) for i in indices],
+    }
+    return Batch(**{
+        name: None if parts is None else (store or _as_they_are)(name, [np.ascontiguousarray(p) for p in parts])
+        for name, parts in fields.items()
+    })
+
+
+def _as_they_are(name, parts):
+    return tuple(parts)
+
+
+def _file_backed(array):
+    """Whether ``array`` is (a view of) a file's memory map, such as
+    ``np.load(path, mmap_mode="r")``: joblib pickles those by reference (file
+    name and offset), as the batch files, so they need no copy."""
+    while array is not None:
+        if isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.filename:
+            return True
+        array = getattr(array, "base", None)
+    return False
+
+
+#: Alignment of each image's array in a batch file (a cache line, as numpy's allocations)
+_ALIGN = 64
+
+
+def _written(path, parts, what):
+    """The ``parts`` as read-only memory maps: those of a file already (the
+    caller's, :func:`_file_backed`) as they are, the others written one after
+    the other into the new file ``path`` with ``write`` calls and mapped
+    from it. Not copied, memory-mapped inputs are held once, in the page
+    cache (the 200 full-resolution horses of the examples: 9 GB that
+    /dev/shm would hold a second time), and cost no time to pack. Written
+    through a writable map instead, every page of the file took a page
+    fault: measured (1.3 GB of horses' features, in the page cache),
+    0.9-1.2 GB/s against 1.8-2.1 GB/s. A full file system is an OSError of
+    ``write`` (no SIGBUS, as writing to a map would be), so no room needs
+    taking first."""
+    offsets, end = [], 0
+    for part in parts:
+        if _file_backed(part) or part.nbytes == 0:
+            offsets.append(None)
+            continue
+        end += -end % _ALIGN
+        offsets.append(end)
+        end += part.nbytes
+    if end == 0:
+        return tuple(parts)
+    with _room_for(path, what):
+        with open(path, "wb", buffering=0) as file:
+            for part, offset in zip(parts, offsets):
+                if offset is None:
+                    continue
+                file.seek(offset)
+                data = memoryview(part).cast("B")
+                while data:  # a write may be short
+                    data = data[file.write(data):]
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", shape=(end,))
+    return tuple(
+        part if offset is None else mapped[offset:offset + part.nbytes].view(part.dtype).reshape(part.shape)
+        for part, offset in zip(parts, offsets)
     )
-
-
-def _in_memory(name, shape, dtype):
-    return np.empty(shape, dtype)
 
 
 @contextmanager
@@ -287,8 +324,11 @@ def _regroup(batch, kept, *incoming):
 
 
 def _joined(images):
-    labels = None if images[0].labels is None else [image.labels for image in images]
-    return pack(images, labels, range(len(images)))
+    """One :class:`Batch` of the images of several."""
+    return Batch(*(
+        None if getattr(images[0], name) is None else tuple(part for image in images for part in getattr(image, name))
+        for name in ("node_features", "edges", "edge_features", "labels")
+    ))
 
 
 @dataclass
@@ -419,14 +459,6 @@ def _writable_map(path, shape, dtype, what="the inference warm starts"):
     return np.memmap(path, dtype=dtype, mode="r+", shape=shape)
 
 
-def _read_only(array):
-    """A memory map read-only (mode "r") again, that joblib passes by reference; other arrays as they are."""
-    if not isinstance(array, np.memmap):
-        return array
-    array.flush()
-    return np.memmap(array.filename, dtype=array.dtype, mode="r", shape=array.shape)
-
-
 class ImageBatches:
     """Images packed into one batch per worker once, mapped over many times.
 
@@ -498,11 +530,10 @@ class ImageBatches:
         os.makedirs(self.folder, exist_ok=True)
         handles = []
         for c, group in enumerate(self.groups):
-            def in_file(name, shape, dtype, c=c):
-                return _writable_map(os.path.join(self.folder, f"batch{c}.{name}"), shape, dtype, "the image batches")
+            def in_file(name, parts, c=c):
+                return _written(os.path.join(self.folder, f"batch{c}.{name}"), parts, "the image batches")
 
-            batch = pack(self.samples, self.labels, group, in_file)
-            handles.append(Batch(**{key: _read_only(value) for key, value in vars(batch).items()}))
+            handles.append(pack(self.samples, self.labels, group, in_file))
         return handles
 
     def map(self, func, *args, starts=None):

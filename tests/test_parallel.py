@@ -13,6 +13,7 @@ import warnings
 import joblib
 import numpy as np
 import pytest
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 from estimator_checks import make_structured_data
@@ -193,15 +194,47 @@ def test_diagnostics_come_back_as_counts_without_warnings():
     assert diagnostics.floored == diagnostics.fallback == 0
 
 
-def test_packing_keeps_float32_beside_an_edgeless_image():
+def test_packing_in_memory_keeps_each_image_as_it_is():
     X, _ = make_structured_data(n_samples=2)
     X32 = [(s.node_features.astype(np.float32), s.edges, s.edge_features.astype(np.float32)) for s in X]
     X32.append((X32[0][0], np.zeros((0, 2), np.int64), None))  # its edge features: a float64 (0, 2) placeholder
     samples, _, _ = _check_X(X32)
     batch = pack(samples, None, [0, 1, 2])
-    assert batch.node_features.dtype == batch.edge_features.dtype == np.float32
-    np.testing.assert_array_equal(batch.edge_features, np.concatenate([x[2] for x in X32[:2]]))
-    assert [nf.shape[0] for nf, _, _, labels in batch.images()] == [20, 20, 20]
+    # one batch in this process: the images' own arrays, not copies (nor
+    # promoted to float64 by the edgeless image's placeholder)
+    for (node_features, edges, edge_features, labels), sample in zip(batch.images(), samples):
+        assert node_features.dtype == np.float32 and np.shares_memory(node_features, sample.node_features)
+        assert edges.dtype == np.int64 and edges.shape == (sample.n_edges, 2) and labels is None
+        if sample.n_edges:
+            assert edge_features.dtype == np.float32 and np.shares_memory(edge_features, sample.edge_features)
+
+
+@pytest.mark.parametrize("backend", ["loky", "threading"])
+def test_memory_mapped_features_go_to_the_workers_uncopied(backend, tmp_path, monkeypatch):
+    batch_folder = tmp_path / "batches"
+    batch_folder.mkdir()
+    monkeypatch.setenv("JOBLIB_TEMP_FOLDER", str(batch_folder))
+    X, y = make_structured_data(n_samples=4, shape=(60, 60))
+    mapped = []
+    for k, sample in enumerate(X):
+        np.save(tmp_path / f"node{k}.npy", sample.node_features)
+        np.save(tmp_path / f"edge{k}.npy", sample.edge_features)
+        mapped.append((np.load(tmp_path / f"node{k}.npy", mmap_mode="r"), sample.edges,
+                       np.load(tmp_path / f"edge{k}.npy", mmap_mode="r")))
+    seen = []
+    model = MarginalCRF(n_iter=2, max_iter=3, n_jobs=2, callback=lambda p: seen.append(_files(batch_folder)))
+    with warnings.catch_warnings(), joblib.parallel_config(backend=backend):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(mapped, [labels.ravel() for labels in y])
+    # only the arrays in memory (edges, labels) were written; the features went by reference
+    names = sorted(os.path.basename(path) for path, _, _, _ in seen[0])
+    assert names == [f"batch{c}.{name}" for c in (0, 1) for name in ("edges", "labels")]
+    with warnings.catch_warnings(), joblib.parallel_config(backend=backend):
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        in_memory = clone(model).set_params(callback=None).fit(X, y)
+    np.testing.assert_array_equal(model.unary_coef_, in_memory.unary_coef_)
+    np.testing.assert_array_equal(model.pairwise_coef_, in_memory.pairwise_coef_)
+    assert list(batch_folder.iterdir()) == []
 
 
 _KILLED_FIT_SCRIPT = """
