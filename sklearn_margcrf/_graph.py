@@ -17,6 +17,7 @@ Conventions used throughout the package
 import numbers
 
 import numpy as np
+from numba import njit
 
 from ._workspace import scratch
 
@@ -74,16 +75,33 @@ class Incidence:
 def incidence(n_nodes, edges):
     """Build the :class:`Incidence` of a graph with ``n_nodes`` nodes."""
     n_edges = edges.shape[0]
-    ends = edges.ravel()  # node of (e, s) at position 2e + s
-    order = np.argsort(ends, kind="stable")
-    counts = np.bincount(ends, minlength=n_nodes)
     ptr = scratch(n_nodes + 1, np.int64)
-    ptr[0] = 0
-    np.cumsum(counts, out=ptr[1:])
-    edge = np.floor_divide(order, 2, out=scratch(order.shape, np.int64))
-    side = np.remainder(order, 2, out=scratch(order.shape, np.int64))
-    assert edge.shape[0] == 2 * n_edges
+    edge = scratch(2 * n_edges, np.int64)
+    side = scratch(2 * n_edges, np.int64)
+    _count_sort_ends(n_nodes, np.asarray(edges, np.int64), ptr, edge, side)
     return Incidence(ptr, edge, side)
+
+
+@njit(cache=True, nogil=True)
+def _count_sort_ends(n_nodes, edges, ptr, edge, side):
+    """The ends ``(e, s)`` ordered by node, and by ``2e + s`` within a node (a
+    stable counting sort: no argsort of 2E positions, no temporaries)."""
+    ptr[:] = 0
+    for e in range(edges.shape[0]):
+        ptr[edges[e, 0] + 1] += 1
+        ptr[edges[e, 1] + 1] += 1
+    for i in range(n_nodes):
+        ptr[i + 1] += ptr[i]
+    for e in range(edges.shape[0]):
+        for s in range(2):
+            node = edges[e, s]
+            pos = ptr[node]  # the next free place of the node, moved on below
+            edge[pos] = e
+            side[pos] = s
+            ptr[node] = pos + 1
+    for i in range(n_nodes, 0, -1):  # each entry has moved to the next node's start
+        ptr[i] = ptr[i - 1]
+    ptr[0] = 0
 
 
 def _as_float_array(value, name, ndim, keep_float32=False):

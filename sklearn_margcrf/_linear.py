@@ -35,17 +35,22 @@ def _add_scaled_row(out, k, g, features, i):
 
 # reassociation lets the dot products vectorise; the order is fixed at
 # compile time, so results are still reproducible
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-def feature_scores(features, coef):
-    """``features @ coef.T`` in float64: (n, D) features (float32 or float64)
-    times (M, D) weights -> (n, M) scores."""
-    n = features.shape[0]
-    m = coef.shape[0]
-    out = np.empty((n, m))
-    for i in range(n):
-        for k in range(m):
-            out[i, k] = _row_dot(coef, k, features, i)
+def feature_scores(features, coef, out=None):
+    """``features @ coef.T``, summed in float64: (n, D) features (float32 or
+    float64) times (M, D) weights -> (n, M) scores, a new float64 array or
+    written into ``out`` (n, M) of any float dtype (each score rounded once,
+    as ``astype`` would round the float64 result)."""
+    if out is None:
+        out = np.empty((features.shape[0], coef.shape[0]))
+    _feature_scores(features, coef, out)
     return out
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _feature_scores(features, coef, out):
+    for i in range(features.shape[0]):
+        for k in range(coef.shape[0]):
+            out[i, k] = _row_dot(coef, k, features, i)
 
 
 @numba.njit(cache=True, nogil=True)

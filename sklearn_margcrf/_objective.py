@@ -42,7 +42,7 @@ from threadpoolctl import threadpool_limits
 
 from ._linear import feature_scores, second_moment, weight_gradient
 from .gradients import _Diagnostics, _loss_and_grad, _marginals, _Settings, warm_start_applies
-from ._workspace import workspace
+from ._workspace import scratch, scratch_copy, workspace
 from .inference import KERNELS
 
 __all__ = ["CRFObjective", "Preconditioner"]
@@ -118,10 +118,13 @@ class CRFObjective:
     def theta(self, unary_coef, pairwise_coef, node_features, edges, edge_features):
         """(edges, theta_i = F u_i (n, K), theta_ij = G v_ij (E, K, K)) of an image."""
         n_states = self.shape_f[0]
-        unary = feature_scores(node_features, unary_coef).astype(self.dtype, copy=False)
+        # scores straight into scratch arrays of the compute dtype: no float64
+        # temporaries to convert, and no fresh pages per image (see _workspace)
+        unary = feature_scores(node_features, unary_coef, scratch((len(node_features), n_states), self.dtype))
         if self.independent:
             return np.zeros((0, 2), dtype=np.int64), unary, np.zeros((0, n_states, n_states), self.dtype)
-        pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1))
+        pairwise = feature_scores(edge_features, pairwise_coef.reshape(n_states * n_states, -1),
+                                  scratch((len(edge_features), n_states * n_states), self.dtype))
         # The features were checked finite in fit / predict; what can still
         # overflow is the product with the weights, and the user never passed a
         # "unary", so say which it is.
@@ -134,8 +137,8 @@ class CRFObjective:
             # Memory-mapped batch: the kernels accept read-only arrays, but numba
             # compiles them as a separate signature; a copy of the (small) edge
             # list keeps one compiled version per kernel.
-            edges = np.array(edges)
-        return edges, unary, pairwise.astype(self.dtype, copy=False).reshape(-1, n_states, n_states)
+            edges = scratch_copy(edges)
+        return edges, unary, pairwise.reshape(-1, n_states, n_states)
 
     def node_weight(self, labels):
         """The weight of each node of an image (its class's; 0 when

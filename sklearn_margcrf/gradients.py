@@ -46,7 +46,7 @@ from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
-from .losses import MARGINAL_LOSSES, PAIRWISE_LOSSES, marginal_loss, piecewise, pseudolikelihood
+from .losses import MARGINAL_LOSSES, PAIRWISE_LOSSES, _marginal_loss, piecewise, pseudolikelihood
 from .trw import floored_message_entries
 
 __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
@@ -425,10 +425,10 @@ def _loss_and_grad(edges, unary, pairwise, labels, settings, node_weight=None, s
     else:
         state, result = problem.forward()
         pairwise_term = settings.loss in PAIRWISE_LOSSES
-        value, grad_mu, grad_mu2 = marginal_loss(settings.loss, result.unary, result.pairwise if pairwise_term else None,
-                                                 edges, labels, alpha=settings.alpha, node_weight=node_weight)
-        if not pairwise_term:  # None: zeros that the kernels' backward passes skip (_Problem.backward)
-            grad_mu2 = None
+        # grad_mu2 None (losses of the unary marginals): zeros that the
+        # kernels' backward passes skip (_Problem.backward)
+        value, grad_mu, grad_mu2 = _marginal_loss(settings.loss, result.unary, result.pairwise if pairwise_term else None,
+                                                  edges, labels, alpha=settings.alpha, node_weight=node_weight)
         grad_unary, grad_pairwise = problem.backward(state, result, grad_mu, grad_mu2)
         if warm:
             end = KERNELS[settings.inference].end(state)

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._graph import check_n_iter, check_positive, validate_model
 from ._warnings import warn_at_caller
+from ._workspace import scratch_full
 from .edge_appearance import RHO_RULES, edge_appearance_probabilities
 from .entropy import mean_field_entropy, trw_entropy
 
@@ -103,7 +104,7 @@ def resolve_rho(rho, method, n_nodes, edges):
             raise ValueError(f"rho must be positive and finite, got {rho!r}")
         if value < MIN_RHO:
             raise ValueError(f"rho must be at least {MIN_RHO:g} (1 / rho must be finite), got {rho!r}")
-        return np.full(n_edges, value)
+        return scratch_full(n_edges, value, np.float64)  # per image and evaluation in a fit
     try:
         array = np.asarray(rho, dtype=np.float64)
     except (TypeError, ValueError):

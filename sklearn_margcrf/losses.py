@@ -241,6 +241,17 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     assumed).  Logs are guarded by ``LOG_FLOOR``, see the module
     docstring.
     """
+    value, grad, grad2 = _marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alpha, node_weight)
+    if grad2 is None:
+        n_states = np.shape(unary_marginals)[1]
+        grad2 = np.zeros((np.asarray(edges).reshape(-1, 2).shape[0], n_states, n_states), grad.dtype)
+    return value, grad, grad2
+
+
+def _marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alpha=None, node_weight=None):
+    """:func:`marginal_loss` with None for the pairwise gradient of the
+    losses that do not read the pairwise marginals (zeros, which a fit need
+    not allocate for every image)."""
     if not isinstance(name, str) or name not in MARGINAL_LOSSES:
         raise ValueError(f"unknown marginal loss {name!r}; valid names are {', '.join(MARGINAL_LOSSES)}")
     if name == "smooth_classification":
@@ -249,7 +260,6 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
     dtype = _float_dtype(unary_marginals) if pairwise_marginals is None else _float_dtype(unary_marginals, pairwise_marginals)
     mu = np.asarray(unary_marginals, dtype=dtype)
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    n_states = mu.shape[1]
     labels, observed, safe = _labels_and_mask(labels)
 
     if pairwise_marginals is None:
@@ -258,20 +268,18 @@ def marginal_loss(name, unary_marginals, pairwise_marginals, edges, labels, alph
         mu2 = None
     else:
         mu2 = np.asarray(pairwise_marginals, dtype=dtype)
-    zero_pairwise = np.zeros((edges.shape[0], n_states, n_states), dtype)
-
     weight = None if node_weight is None else np.asarray(node_weight, dtype=np.float64)
     if name == "univariate_logistic":
         value, grad = _univariate_logistic(mu, observed, safe, weight)
-        return value, grad, zero_pairwise
+        return value, grad, None
     if name == "clique_logistic":
         value, grad2 = _clique_logistic(mu2, edges, observed, safe, weight)
         return value, np.zeros_like(mu), grad2
     if name == "univariate_quadratic":
         value, grad = _univariate_quadratic(mu, observed, safe, weight)
-        return value, grad, zero_pairwise
+        return value, grad, None
     value, grad = _smooth_classification(mu, observed, safe, alpha, weight)
-    return value, grad, zero_pairwise
+    return value, grad, None
 
 
 # ---------------------------------------------------------------------------

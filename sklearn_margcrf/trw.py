@@ -1037,16 +1037,25 @@ def floored_message_entries(state):
     (see "Numerical stability" above)."""
     # the planes of the grid kernels hold the same entries, and 1 where a neighbour is absent
     messages = state.slot_messages if state.grid_planes is None else state.grid_planes[0]
-    return int(np.count_nonzero(messages <= _limits(messages.dtype)[0]))
+    return int(_count_at_most(messages.reshape(-1), _limits(messages.dtype)[0]))
+
+
+@njit(cache=True, nogil=True)
+def _count_at_most(values, bound):
+    count = 0
+    for v in values:
+        count += v <= bound
+    return count
 
 
 def _writable(array, dtype):
     """Contiguous array of ``dtype``; read-only input is copied, so that one
-    compiled signature serves every call."""
-    array = np.ascontiguousarray(array, dtype=dtype)
-    if not array.flags.writeable:
-        array = array.copy()
-    return array
+    compiled signature serves every call. Copies are scratch memory (in a fit,
+    rho and memory-mapped edges at every evaluation)."""
+    array = np.asarray(array)
+    if array.dtype == dtype and array.flags.c_contiguous and array.flags.writeable:
+        return array
+    return scratch_copy(array, dtype)
 
 
 def _rho_mode(rho):

@@ -18,6 +18,10 @@ def test_products_match_numpy_in_float64(dtype, n, d, m):
     scores = feature_scores(features, coef)
     assert scores.dtype == np.float64 and scores.shape == (n, m)
     np.testing.assert_allclose(scores, exact @ coef.T, rtol=1e-12, atol=1e-12)
+    for out_dtype in (np.float32, np.float64):  # into an array of the compute dtype: rounded once, as astype
+        out = np.full((n, m), np.nan, out_dtype)
+        assert feature_scores(features, coef, out) is out
+        np.testing.assert_array_equal(out, scores.astype(out_dtype))
     gradient = weight_gradient(score_grad, features)
     assert gradient.dtype == np.float64 and gradient.shape == (m, d)
     np.testing.assert_allclose(gradient, score_grad.T @ exact, rtol=1e-12, atol=1e-12)
