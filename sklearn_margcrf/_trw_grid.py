@@ -53,11 +53,14 @@ from .trw import (
     _RHO_ONE,
     _limits_of,
     _live,
+    _n_states,
     _log_cavity,
     _log_joint_of_cavity,
     _message_entry,
     _pairwise_top,
     _rare_adjoint_terms,
+    _table_block,
+    table_blocks,
 )
 
 _BEFORE = 0  # plane L (horizontal family) or U (vertical)
@@ -202,26 +205,31 @@ def _copy_slots(slot_array, slot_pos, H, W, flat, to_planes):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def build_grid_tables(pairwise, rho, H, W, T_h, T_v):
+def build_grid_tables(kt, pairwise, rho, H, W, T_h, T_v, per_block, block, bits):
     """The tables of :func:`sklearn_margcrf.trw._build_tables` per family,
     ``T[a, x_i, x_j, l]`` for the edge from ``(a, l)`` to ``(a + 1, l)``, once
-    per edge (each sweep reads it in its orientation)."""
-    K = pairwise.shape[1]
+    per edge (each sweep reads it in its orientation); computed along the
+    lines, so that the writes run along ``l`` (edge by edge, each entry of a
+    horizontal edge's table fell in a cache line of its own); ``per_block``,
+    ``block``, ``bits``: from ``trw.table_blocks``."""
+    K = _n_states(kt, pairwise[0])
+    KK = K * K
     n_h = H * (W - 1)
-    for c in range(pairwise.shape[0]):
-        if c < n_h:
-            T = T_h
-            a = c % (W - 1)
-            l = c // (W - 1)
-        else:
-            T = T_v
-            a = (c - n_h) // W
-            l = (c - n_h) % W
-        top = _pairwise_top(pairwise, c)
-        inv_rho = 1.0 / rho[c]
-        for xi in range(K):
-            for xj in range(K):
-                T[a, xi, xj, l] = math.exp((pairwise[c, xi, xj] - top) * inv_rho)
+    for vertical in range(2):
+        T = T_v if vertical else T_h
+        A = T.shape[0]
+        Lw = T.shape[3]
+        for a in range(A):
+            for l0 in range(0, Lw, per_block):
+                n = min(per_block, Lw - l0)
+                if vertical:  # edge n_h + a W + l
+                    _table_block(kt, pairwise, rho, n_h + a * W + l0, 1, n, block, bits)
+                else:  # edge l (W - 1) + a
+                    _table_block(kt, pairwise, rho, l0 * (W - 1) + a, W - 1, n, block, bits)
+                for xi in range(K):
+                    for xj in range(K):
+                        for j in range(n):
+                            T[a, xi, xj, l0 + j] = block[j * KK + xi * K + xj]
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -699,6 +707,26 @@ def _forward_tables(T_h, T_v, H, W, tabs):
             tabs[c] = T_v[(c - n_h) // W, :, :, (c - n_h) % W]
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _join_family(G, first, stride_l, stride_a, rho, g_p):
+    """``g_p[c, k] = G[a, k, l] / rho_c`` for the edges ``c = first + l
+    stride_l + a stride_a`` of one family: a transpose in tiles of
+    ``_JOIN_TILE`` lines (reads along ``l``, writes along ``k``, both within
+    the cache; numpy's strided copy and the division after it cost twice)."""
+    A, KK, L = G.shape
+    for l0 in range(0, L, _JOIN_TILE):
+        l1 = min(l0 + _JOIN_TILE, L)
+        for a in range(A):
+            for l in range(l0, l1):
+                c = first + l * stride_l + a * stride_a
+                rho_c = rho[c]
+                for k in range(KK):
+                    g_p[c, k] = G[a, k, l] / rho_c
+
+
+_JOIN_TILE = 16
+
+
 class GridKernels:
     """The grid tables of one forward pass and the calls of the line kernels."""
 
@@ -729,7 +757,7 @@ class GridKernels:
         self.eu_v = scratch_copy(node_planes.transpose(0, 2, 1))  # [r, x, c]
         self.T_h = scratch((W - 1, K, K, H), dtype)
         self.T_v = scratch((H - 1, K, K, W), dtype)
-        build_grid_tables(pairwise, rho, H, W, self.T_h, self.T_v)
+        build_grid_tables(label_token, pairwise, rho, H, W, self.T_h, self.T_v, *table_blocks(K))
         # the rho of each message, [c, p, r] and [r, p, c] (absent neighbours: 1)
         n_h = H * (W - 1)
         self.rho_h = scratch_full((W, 2, H), 1, dtype)
@@ -795,16 +823,18 @@ class GridKernels:
         return tabs
 
     def split_pairwise(self, g_p):
-        """(E, K*K) edge layout -> the families' ``[a, x_i K + x_j, l]`` planes."""
+        """(E, K*K) edge layout -> the families' ``[a, x_i K + x_j, l]``
+        planes; ``g_p=None``: planes of zeros (a loss without pairwise terms)."""
         H, W, KK = self.grid.height, self.grid.width, self.K * self.K
+        if g_p is None:
+            return scratch_full((W - 1, KK, H), 0, self.dtype), scratch_full((H - 1, KK, W), 0, self.dtype)
         n_h = H * (W - 1)
         GP_h = scratch_copy(g_p[:n_h].reshape(H, W - 1, KK).transpose(1, 2, 0))
         GP_v = scratch_copy(g_p[n_h:].reshape(H - 1, W, KK).transpose(0, 2, 1))
         return GP_h, GP_v
 
-    def join_pairwise(self, GP_h, GP_v, g_p):
-        H, W, KK = self.grid.height, self.grid.width, self.K * self.K
-        n_h = H * (W - 1)
-        # into views of g_p: no temporary copies
-        g_p[:n_h].reshape(H, W - 1, KK)[...] = GP_h.transpose(2, 0, 1)
-        g_p[n_h:].reshape(H - 1, W, KK)[...] = GP_v.transpose(0, 2, 1)
+    def join_pairwise(self, GP_h, GP_v, rho, g_p):
+        """``g_p[c] = GP[c] / rho_c`` in the (E, K*K) edge layout."""
+        H, W = self.grid.height, self.grid.width
+        _join_family(GP_h, 0, W - 1, 1, rho, g_p)  # edge l (W - 1) + a
+        _join_family(GP_v, H * (W - 1), 1, W, rho, g_p)  # edge n_h + a W + l

@@ -32,10 +32,11 @@ def test_one_summary_for_the_initialising_fits_and_the_fit():
 
 def test_a_failed_line_search_says_what_happened_and_what_to_do():
     # back-propagation at a loose tol from cold starts gives inexact gradients:
-    # the line search fails (warm starts end nearer the fixed point). How
-    # loose a tol it takes depends on scipy's L-BFGS-B: with scipy 1.17.1,
-    # tol=0.1 ends in lbfgs_tol and tol=0.5 in a failed line search.
-    messages = _convergence_warnings(gradient_mode="backprop", tol=0.5, max_restarts=1, inference_warm_start=False)
+    # the line search fails (warm starts end nearer the fixed point). Where
+    # the gradient is only a little inexact (tol 0.2-0.6) whether it does
+    # depends on rounding (a change of an ulp in the kernels' exp moved the
+    # outcome at tol=0.3 and 0.5); from tol=0.8 to 2 it fails every time.
+    messages = _convergence_warnings(gradient_mode="backprop", tol=1.0, max_restarts=1, inference_warm_start=False)
     assert len(messages) == 1, messages
     message = messages[0]
     assert "the line search found no lower objective along the search direction" in message

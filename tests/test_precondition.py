@@ -45,9 +45,12 @@ def test_the_same_minimum_in_fewer_iterations(params):
         for a, b in [(whitened.unary_coef_, plain.unary_coef_), (whitened.pairwise_coef_, plain.pairwise_coef_)]:
             np.testing.assert_allclose(a, b, atol=1e-3 * np.abs(b).max())
     else:
-        # plain L-BFGS stops (scipy's ftol) 7e-6 above the objective reached
-        # preconditioned, and cannot go lower from there either: a minimum
-        assert whitened.loss_curve_[-1] <= plain.loss_curve_[-1]
+        # not convex (3 TRW iterations): the two may end in different local
+        # minima (which one plain L-BFGS reaches after its ~500 iterations
+        # changes with an ulp of rounding: 7e-6 above the whitened objective
+        # or 5e-5 below), of about the same objective; and plain L-BFGS
+        # cannot go lower from the whitened end either: a minimum
+        assert whitened.loss_curve_[-1] == pytest.approx(plain.loss_curve_[-1], rel=1e-3)
         resumed = MarginalCRF(precondition=False, objective_tol=0.0, **common)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
