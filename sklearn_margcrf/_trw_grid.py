@@ -707,6 +707,9 @@ def _forward_tables(T_h, T_v, H, W, tabs):
             tabs[c] = T_v[(c - n_h) // W, :, :, (c - n_h) % W]
 
 
+_JOIN_TILE = 16
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _join_family(G, first, stride_l, stride_a, rho, g_p):
     """``g_p[c, k] = G[a, k, l] / rho_c`` for the edges ``c = first + l
@@ -722,9 +725,6 @@ def _join_family(G, first, stride_l, stride_a, rho, g_p):
                 rho_c = rho[c]
                 for k in range(KK):
                     g_p[c, k] = G[a, k, l] / rho_c
-
-
-_JOIN_TILE = 16
 
 
 class GridKernels:

@@ -389,9 +389,11 @@ def _table_block(kt, pairwise, rho, first, stride, n, block, bits):
 
 
 def table_blocks(K):
-    """``(edges per block, block, bits)``: the scratch of :func:`_table_block`."""
+    """``(edges per block, block, bits)``: the scratch of :func:`_table_block`
+    (from the workspace: 128 KiB each, fresh pages per call under Dask's
+    malloc setting otherwise)."""
     per_block = max(1, _TABLE_BLOCK // (K * K))
-    return per_block, np.empty(per_block * K * K), np.empty(per_block * K * K, np.int64)
+    return per_block, scratch(per_block * K * K, np.float64), scratch(per_block * K * K, np.int64)
 
 
 @njit(cache=True, nogil=True)
