@@ -93,17 +93,22 @@ BACKENDS = ("loky", "threading", "multiprocessing", "dask-processes", "dask-thre
 
 
 @contextlib.contextmanager
-def backend(name):
-    """The joblib backend ``name`` with 2 workers (a Dask LocalCluster for the dask ones)."""
+def backend(name, dask_profiler=True):
+    """The joblib backend ``name`` with 2 workers (a Dask LocalCluster for the
+    dask ones; ``dask_profiler=False``: with the workers' statistical profiler
+    off, see docs/scaling.rst)."""
     if not name.startswith("dask"):
         with joblib.parallel_config(backend=name):
             yield
         return
+    import dask
     from dask.distributed import Client, LocalCluster
 
     processes = name == "dask-processes"
-    with LocalCluster(n_workers=2 if processes else 1, threads_per_worker=1 if processes else 2,
-                      processes=True, dashboard_address=None) as cluster, Client(cluster):
+    profiler = {"distributed.worker.profile.enabled": dask_profiler}
+    with dask.config.set(profiler), LocalCluster(n_workers=2 if processes else 1,
+                                                 threads_per_worker=1 if processes else 2, processes=True,
+                                                 dashboard_address=None) as cluster, Client(cluster):
         with joblib.parallel_config(backend="dask"):
             yield
 
@@ -148,6 +153,9 @@ def main(argv=None):
     parser.add_argument("--n-iter", type=int, default=20)
     parser.add_argument("--backends", default="loky,threading,dask-processes,dask-threads",
                         help="comma-separated, among " + ", ".join(BACKENDS))
+    parser.add_argument("--dask-profiler", choices=("on", "off"), default="on",
+                        help="the Dask workers' statistical profiler (distributed.worker.profile; default on, "
+                             "as Dask has it)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="timed pairs of fits per setting (best is kept); per backend, as many pairs of a "
                              "one-worker and a two-worker fit, whose ratios give the median speed-up")
@@ -173,14 +181,20 @@ def main(argv=None):
     print(f"n_jobs=1              {wall1:7.3f} s/iteration  kernels {kernel1:7.3f} s  "
           f"wall / kernels {wall1 / kernel1:5.3f}", flush=True)
     for name in backends:
-        with backend(name):
+        with backend(name, args.dask_profiler == "on"):
             fit(*warm, n_jobs=2, lbfgs_iter=1, n_iter=args.n_iter)  # start the workers, compile there
-            # pairs of fits, n_jobs=1 then 2, minutes apart at most: the
-            # ratio within a pair does not see the machine drifting
+            # pairs of fits, n_jobs=1 and 2, minutes apart at most: the
+            # ratio within a pair does not see the machine drifting; the
+            # order alternates (1 then 2, 2 then 1), so that a drift within
+            # a pair does not favour one side
             ratios, best = [], None
-            for _ in range(args.repeat):
-                one, _, _ = iteration_cost(X, y, 1, args.lbfgs_iter, args.n_iter, 1)
-                wall, kernel, model = iteration_cost(X, y, 2, args.lbfgs_iter, args.n_iter, 1)
+            for i in range(args.repeat):
+                if i % 2:
+                    wall, kernel, model = iteration_cost(X, y, 2, args.lbfgs_iter, args.n_iter, 1)
+                    one, _, _ = iteration_cost(X, y, 1, args.lbfgs_iter, args.n_iter, 1)
+                else:
+                    one, _, _ = iteration_cost(X, y, 1, args.lbfgs_iter, args.n_iter, 1)
+                    wall, kernel, model = iteration_cost(X, y, 2, args.lbfgs_iter, args.n_iter, 1)
                 ratios.append(one / wall)
                 if best is None or wall < best[0]:
                     best = (wall, kernel, model)
@@ -190,8 +204,9 @@ def main(argv=None):
         print(f"n_jobs=2 {name:<13} {wall:7.3f} s/iteration  speed-up {wall1 / wall:5.2f}x  "
               f"wall / (kernels / 2) {wall / (kernel / 2):5.3f}  (kernels against n_jobs=1: {kernel / kernel1:5.3f})  "
               f"weights {'identical' if same else 'DIFFER'}\n"
-              f"   within pairs (n_jobs=1 then 2): speed-up median {np.median(ratios):5.2f}x, "
-              f"range {min(ratios):5.2f}-{max(ratios):5.2f}x over {len(ratios)} pairs", flush=True)
+              f"   within pairs (n_jobs=1 and 2): speed-up median {np.median(ratios):5.2f}x, "
+              f"range {min(ratios):5.2f}-{max(ratios):5.2f}x over {len(ratios)} pairs "
+              f"({' '.join(f'{r:.2f}' for r in ratios)})", flush=True)
 
 if __name__ == "__main__":
     main()

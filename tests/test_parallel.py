@@ -73,7 +73,7 @@ def _sleep_by_first_feature(batch):
     out = []
     for node_features, _, _, _ in batch.images():
         number = int(node_features[0, 0])
-        time.sleep(0.2 if number == 0 else 0.01)
+        time.sleep(0.2 if number == 0 else 0.05)
         out.append((number, threading.get_ident()))
     return out
 
@@ -103,11 +103,11 @@ def test_the_next_map_balances_the_workers_by_the_seconds_of_each_image():
 def _count_with_starts(batch, image_starts):
     """Per image: (image number, where it started: None cold), ending at
     100 x its number at its first map and one more at each later map; image
-    0 takes 20 times as long as the others."""
+    0 takes 4 times as long as the others."""
     out = []
     for b, (node_features, _, _, _) in enumerate(batch.images()):
         number = int(node_features[0, 0])
-        time.sleep(0.2 if number == 0 else 0.01)
+        time.sleep(0.2 if number == 0 else 0.05)
         start = image_starts.start(b)
         started = None if start is None else float(start[0])
         image_starts.keep(b, [100.0 * number if started is None else started + 1])
@@ -126,16 +126,21 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
         with distributed.Client(cluster), joblib.parallel_config(backend="dask"):
             with ImageBatches(samples, labels, n_jobs=2) as batches, batches.warm_starts([1] * 4, np.float64) as starts:
                 groups = [sorted(group) for group in batches.groups]
-                maps = [batches.map(_count_with_starts, starts=starts)]
-                pending = [sorted(group) for group in batches.groups]
-                maps += [batches.map(_count_with_starts, starts=starts)]
+                maps, pending = [], []
+                for _ in range(3):
+                    maps.append(batches.map(_count_with_starts, starts=starts))
+                    pending.append([sorted(group) for group in batches.groups])
+                maps.append(batches.map(_count_with_starts, starts=starts))
                 moved = [sorted(group) for group in batches.groups]
-                maps += [batches.map(_count_with_starts, starts=starts)]
-    assert sorted(map(len, groups)) == [2, 2] and pending == groups  # by size, until a next map
-    assert sorted(moved) == [[0], [1, 2, 3]]  # by the seconds of the first map
+                maps.append(batches.map(_count_with_starts, starts=starts))
+                after = [sorted(group) for group in batches.groups]
+    assert sorted(map(len, groups)) == [2, 2]  # by size
+    # a move is decided on two maps past the first (which finds moved images
+    # cold), and made at the next map: the fourth
+    assert pending == [groups] * 3
+    assert sorted(moved) == [[0], [1, 2, 3]] and after == moved  # balanced: no more moves
     # results in image order, and each image started where it ended, wherever it moved
-    assert maps == [[(k, None) for k in range(4)], [(k, 100.0 * k) for k in range(4)],
-                    [(k, 100.0 * k + 1) for k in range(4)]]
+    assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(4)]
 
 
 def test_rebalanced_groups_move_few_images_and_only_for_a_real_gain():
