@@ -32,9 +32,10 @@ the per-batch functions copy out what they keep (marginals, the messages of
 warm starts) before the workspace ends, and nothing else leaves it but new
 arrays (the weight gradients). Each thread keeps at most 1.25 times the
 scratch of its largest computation (with the buffers' headroom) until
-:func:`release`, which the parallel map calls at the end of each batch
-(``sklearn_margcrf._parallel._call``): the images of a batch share buffers,
-successive maps do not.
+:func:`release`, which the parallel map calls at the end of each task in a
+worker process and at its own end (``sklearn_margcrf._parallel._call_images``):
+the images of a task share buffers, and so do successive maps in the process
+that fits (one batch, or threads).
 """
 
 import threading

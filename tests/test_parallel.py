@@ -3,11 +3,13 @@ it evaluates (sklearn_margcrf._objective): batches handed to joblib once per
 fit and removed after it, a clear error when they do not fit, per-image
 diagnostics returned as counts."""
 
+import gc
 import os
 import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 import warnings
 
 import joblib
@@ -19,6 +21,7 @@ from sklearn.exceptions import ConvergenceWarning
 from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
 from sklearn_margcrf._parallel import ImageBatches, pack, rebalanced_groups
+from sklearn_margcrf._workspace import release, scratch, workspace
 from sklearn_margcrf.estimator import _check_X, _check_y
 
 
@@ -141,6 +144,60 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
     assert sorted(moved) == [[0], [1, 2, 3]] and after == moved  # balanced: no more moves
     # results in image order, and each image started where it ended, wherever it moved
     assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(4)]
+
+
+def _scratch_address(batch):
+    """Per image: the address of 800 kB of scratch taken in a workspace."""
+    out = []
+    for _ in batch.images():
+        with workspace():
+            out.append(scratch(100_000, np.float64).ctypes.data)
+    return out
+
+
+@pytest.mark.parametrize("n_jobs, backend", [(1, "loky"), (2, "threading")])
+def test_maps_in_this_process_keep_their_scratch_from_map_to_map_and_free_it_at_the_end(n_jobs, backend):
+    # one batch mapped here, or threads: the scratch of a map serves the next
+    # one (no fresh pages to fault in), and goes when the map is closed
+    X, y = make_structured_data(n_samples=2, shape=(4, 4))
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    release()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with joblib.parallel_config(backend=backend), ImageBatches(samples, labels, n_jobs=n_jobs) as batches:
+            first = batches.map(_scratch_address)
+            held = tracemalloc.get_traced_memory()[0] - base
+            second = batches.map(_scratch_address)
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held > 800_000
+    if n_jobs == 1:
+        assert second == first  # the images of a batch share one buffer, map after map
+    assert left < 100_000
+
+
+def test_process_workers_drop_their_scratch_after_each_task():
+    # kept, it would count against loky's memory-leak margin (see _call_images)
+    X, y = make_structured_data(n_samples=2, shape=(4, 4))
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    with joblib.parallel_config(backend="loky"), ImageBatches(samples, labels, n_jobs=2) as batches:
+        batches.map(_scratch_address)
+        pools = joblib.Parallel(n_jobs=2)(joblib.delayed(_pool_bytes)(0.2) for _ in range(4))
+    assert pools == [0] * 4
+
+
+def _pool_bytes(pause):
+    from sklearn_margcrf import _workspace
+
+    time.sleep(pause)  # every worker gets a task
+    pool = getattr(_workspace._local, "pool", None)
+    return 0 if pool is None else sum(b.nbytes for b in pool.free)
 
 
 def test_rebalanced_groups_move_few_images_and_only_for_a_real_gain():
