@@ -189,12 +189,10 @@ def main(argv=None):
             # a pair does not favour one side
             ratios, best = [], None
             for i in range(args.repeat):
-                if i % 2:
-                    wall, kernel, model = iteration_cost(X, y, 2, args.lbfgs_iter, args.n_iter, 1)
-                    one, _, _ = iteration_cost(X, y, 1, args.lbfgs_iter, args.n_iter, 1)
-                else:
-                    one, _, _ = iteration_cost(X, y, 1, args.lbfgs_iter, args.n_iter, 1)
-                    wall, kernel, model = iteration_cost(X, y, 2, args.lbfgs_iter, args.n_iter, 1)
+                pair = {n_jobs: iteration_cost(X, y, n_jobs, args.lbfgs_iter, args.n_iter, 1)
+                        for n_jobs in ((2, 1) if i % 2 else (1, 2))}
+                one = pair[1][0]
+                wall, kernel, model = pair[2]
                 ratios.append(one / wall)
                 if best is None or wall < best[0]:
                     best = (wall, kernel, model)

@@ -309,11 +309,12 @@ def _call_images(func, task, args, home=None):
     Not kept in other processes: a process worker's tasks are not pinned to
     images, and kept buffers sized for another task's largest image took a
     worker past loky's memory-leak margin (300 MB above its size after its
-    first task), so that loky replaced it. Measured (2026-12-03, 16 full-resolution horses, 2 loky
-    workers): pools of 189 and 873 MB, five workers replaced in a fit of 3
-    L-BFGS iterations, two workers 0.73-0.87 times as fast as one; and
-    (2026-12-04) with only the largest buffers up to 160 MiB kept, a worker
-    replaced within 3 iterations. The images of a task share them anyway."""
+    first task), so that loky replaced it. Measured (2026-12-03, 16 full-
+    resolution horses, 2 loky workers): pools of 189 and 873 MB, five workers
+    replaced in a fit of 3 L-BFGS iterations, two workers 0.73-0.87 times as
+    fast as one; and (2026-12-04) with only the largest buffers up to 160 MiB
+    kept, a worker replaced within 3 iterations. The images of a task share
+    them anyway."""
     try:
         out = []
         for batch, starts, positions in task:
@@ -615,8 +616,8 @@ class ImageBatches:
         history = self._seconds.setdefault(func, [])
         history.append(seconds)
         del history[:-_COST_MAPS]
-        costs = [float(c) for c in np.median(history, axis=0)]
         if self.folder is not None:
+            costs = [float(c) for c in np.median(history, axis=0)]
             where = self._positions()
             self._tasks[func] = [
                 [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
