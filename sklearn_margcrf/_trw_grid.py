@@ -454,9 +454,10 @@ def _sender_adjoints(K, Lw, snd, pr, h, Mo, RHOo, Ao, floor, zero, half, one, rh
     the adjoints of the messages into the senders, then ``-h / m_c`` into the
     reverse ones (times ``m``: the adjoints are scaled)."""
     for p in range(2):
+        rh = RHOo[snd, p]
         for x in range(K):
             for l in range(Lw):
-                rk = _plane_rho(rho_mode, RHOo, p, snd, l, half, one)
+                rk = _line_rho(rho_mode, rh, l, half, one)
                 Ao[snd, p, x, l] += _live(rk * h[x, l], Mo[snd, p, x, l], floor, zero)
     for x in range(K):
         for l in range(Lw):
@@ -488,16 +489,6 @@ def _line_rho(rho_mode, rh, i, half, one):
     if rho_mode == _RHO_ONE:
         return one
     return rh[i]
-
-
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _plane_rho(rho_mode, RHO, p, i, j, half, one):
-    """The rho of the message in plane ``p`` at ``[i, j]`` (constant for the uniform classes)."""
-    if rho_mode == _RHO_HALF:
-        return half
-    if rho_mode == _RHO_ONE:
-        return one
-    return RHO[i, p, j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -613,11 +604,11 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
         for x in range(K):
             for l in range(Lw):
                 Ao[rcv, pt, x, l] = 0.0
-    senders = range(1, A) if backward else range(0, A - 1)
-    _other_adjoints(K, 1 if backward else 0, A - 1, held, Mx, RHOx, Ax, floor, zero, half, one, _entry_mode(rho_mode))
+    first = 1 if backward else 0  # the senders: first, ..., first + A - 2
+    _other_adjoints(K, first, A - 1, held, Mx, RHOx, Ax, floor, zero, half, one, _entry_mode(rho_mode))
     if not own_first:  # horizontal family: theta_u in node order, (r, c, x)
         for l in range(Lw):
-            for a in senders:
+            for a in range(first, first + A - 1):
                 for x in range(K):
                     g_u[a * geometry[3] + l * geometry[4], x] += held[l, x, a]
 
