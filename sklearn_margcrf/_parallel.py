@@ -70,7 +70,7 @@ from joblib.externals.loky.process_executor import TerminatedWorkerError
 from joblib.parallel import get_active_backend
 from sklearn.utils.parallel import Parallel, delayed
 
-from ._workspace import release
+from ._workspace import keep_until_idle, release
 
 __all__ = ["Batch", "ImageBatches", "ImageStarts", "LostWorker", "WarmStarts", "balanced_groups", "cluster_client", "pack",
            "plan_groups", "rebalanced_groups"]
@@ -297,24 +297,31 @@ def _call_images(func, task, args, home=None):
     time (worker side): per part, (the images' results, their seconds, the
     ends of the part's starts when they travel back, else None).
 
-    The scratch buffers that the task's images shared are dropped at the end
-    (``_workspace.release``), unless the task runs in the process ``home``
-    (the map's own, without a cluster: one batch, or threads), whose map
-    drops them at its end and whose threads end with it. Kept in between,
-    they spare every map faulting its working set in again: measured (16
-    horses at half resolution, fits of 8 L-BFGS iterations, 5 alternating
-    pairs of processes, kept / dropped), n_jobs=1 9.16-9.63 / 9.67-10.06 s
-    (per loss map no page faults / 11,405), 2 threads 5.45-5.77 / 5.48-5.97 s
-    (system time of the process 0.95 / 1.28 s), peak memory 1103 / 1076 MiB.
-    Not kept in other processes: a process worker's tasks are not pinned to
-    images, and kept buffers sized for another task's largest image took a
-    worker past loky's memory-leak margin (300 MB above its size after its
-    first task), so that loky replaced it. Measured (2026-12-03, 16 full-
-    resolution horses, 2 loky workers): pools of 189 and 873 MB, five workers
-    replaced in a fit of 3 L-BFGS iterations, two workers 0.73-0.87 times as
-    fast as one; and (2026-12-04) with only the largest buffers up to 160 MiB
-    kept, a worker replaced within 3 iterations. The images of a task share
-    them anyway."""
+    The scratch buffers that the task's images shared stay with the thread
+    that ran them: in the process ``home`` (the map's own, without a cluster:
+    one batch, or threads) until the map's end; in a cluster's worker (no
+    ``home``) for the task of the next map, until the worker has been idle
+    for a while (``_workspace.keep_until_idle``). Kept, they spare every map
+    faulting its working set in again: measured (16 horses at half
+    resolution, fits of 8 L-BFGS iterations, 5 alternating pairs of
+    processes, kept / dropped), n_jobs=1 9.16-9.63 / 9.67-10.06 s (per loss
+    map no page faults / 11,405), 2 threads 5.45-5.77 / 5.48-5.97 s (system
+    time of the process 0.95 / 1.28 s), peak memory 1103 / 1076 MiB; a Dask
+    ``LocalCluster`` of 2 one-thread processes (whose nannies set
+    ``MALLOC_TRIM_THRESHOLD_``, so that every large allocation takes fresh
+    pages), 2026-12-04, 5 alternating pairs of processes, 3 fits each:
+    median fit 5.82-6.73 / 7.06-7.54 s.
+    Dropped at the end of each task in joblib's worker processes: their tasks
+    are not pinned to images, and kept buffers sized for another task's
+    largest image took a worker past loky's memory-leak check, so that loky
+    replaced it (it compares a worker's whole resident size after each task
+    with its size after the first, 300 MB allowed). Measured (2026-12-03, 16
+    full-resolution horses, 2 loky workers): pools of 189 and 873 MB, five
+    workers replaced in a fit of 3 L-BFGS iterations; and (2026-12-04) with
+    only the largest buffers up to 160 MiB kept, a worker replaced within 3
+    iterations; 16 half-resolution horses, a pool kept while the worker's
+    anonymous memory grew by at most 200 MiB: a worker replaced in a fit
+    (docs/results/bench_fit_horses.txt)."""
     try:
         out = []
         for batch, starts, positions in task:
@@ -330,7 +337,9 @@ def _call_images(func, task, args, home=None):
             out.append((results, seconds, None if starts is None else starts.travelling_ends()))
         return out
     finally:
-        if os.getpid() != home:
+        if home is None:
+            keep_until_idle()
+        elif os.getpid() != home:
             release()
 
 

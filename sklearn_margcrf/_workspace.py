@@ -32,10 +32,12 @@ the per-batch functions copy out what they keep (marginals, the messages of
 warm starts) before the workspace ends, and nothing else leaves it but new
 arrays (the weight gradients). Each thread keeps at most 1.25 times the
 scratch of its largest computation (with the buffers' headroom) until
-:func:`release`, which the parallel map calls at the end of each task in a
-worker process and at its own end (``sklearn_margcrf._parallel._call_images``):
-the images of a task share buffers, and so do successive maps in the process
-that fits (one batch, or threads).
+:func:`release`, which the parallel map calls at its own end and at the end
+of each task in a worker process of joblib's, or until no workspace has
+begun for a while after :func:`keep_until_idle`, which it calls at the end
+of each task on a cluster (``sklearn_margcrf._parallel._call_images``): the
+images of a task share buffers, and so do successive maps in the process
+that fits (one batch, or threads) and in a cluster's workers.
 """
 
 import threading
@@ -43,7 +45,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["release", "scratch", "scratch_copy", "scratch_full", "workspace"]
+__all__ = ["keep_until_idle", "release", "scratch", "scratch_copy", "scratch_full", "workspace"]
 
 _local = threading.local()
 
@@ -72,6 +74,11 @@ class _Pool:
         self.depth = 0
         self.asked = 0  # bytes asked for in the current workspace
         self.most = 0  # the most bytes one workspace has asked for
+        # keep_until_idle's timer runs in a thread of its own: it drops the
+        # buffers only if no workspace has begun since it was set
+        self.lock = threading.Lock()
+        self.generation = 0
+        self.timer = None
 
     def recycle(self):
         self.most = max(self.most, self.asked)
@@ -96,13 +103,16 @@ def workspace():
     """Reuse scratch buffers across the computations of this thread; nested
     workspaces share the outermost one."""
     pool = _pool()
-    pool.depth += 1
+    with pool.lock:
+        pool.depth += 1
+        pool.generation += 1
     try:
         yield
     finally:
-        pool.depth -= 1
-        if pool.depth == 0:
-            pool.recycle()
+        with pool.lock:
+            pool.depth -= 1
+            if pool.depth == 0:
+                pool.recycle()
 
 
 def scratch(shape, dtype):
@@ -125,10 +135,37 @@ def scratch(shape, dtype):
 
 
 def release():
-    """Drop this thread's pooled buffers (the parallel map calls it at the end of each batch)."""
+    """Drop this thread's pooled buffers now."""
     pool = getattr(_local, "pool", None)
-    if pool is not None and pool.depth == 0:
-        pool.free, pool.most, pool.asked = [], 0, 0
+    if pool is not None:
+        _drop(pool, None)
+
+
+def _drop(pool, generation):
+    """Drop ``pool``'s buffers unless a workspace is open in it or, when
+    ``generation`` is given, one has begun since then."""
+    with pool.lock:
+        if pool.depth == 0 and generation in (None, pool.generation):
+            pool.free, pool.most, pool.asked = [], 0, 0
+
+
+# keep_until_idle's wait: the tasks of a fit's successive maps follow each
+# other within milliseconds (the L-BFGS step between them), and a cluster's
+# worker outlives the fit
+_IDLE_SECONDS = 2.0
+
+
+def keep_until_idle(idle=_IDLE_SECONDS):
+    """Keep this thread's pooled buffers for its next workspace, and drop
+    them if none begins within ``idle`` seconds."""
+    pool = getattr(_local, "pool", None)
+    if pool is None:
+        return
+    if pool.timer is not None:
+        pool.timer.cancel()
+    pool.timer = threading.Timer(idle, _drop, (pool, pool.generation))
+    pool.timer.daemon = True  # a process may end before it fires
+    pool.timer.start()
 
 
 def scratch_full(shape, value, dtype):

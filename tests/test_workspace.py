@@ -4,6 +4,7 @@ threads and from what callers keep, bounded retention, release after a fit."""
 
 import gc
 import threading
+import time
 import tracemalloc
 import warnings
 
@@ -11,7 +12,7 @@ import numpy as np
 from estimator_checks import make_structured_data
 
 from sklearn_margcrf import MarginalCRF, grid_edges, loss_and_grad
-from sklearn_margcrf._workspace import release, scratch, workspace
+from sklearn_margcrf._workspace import keep_until_idle, release, scratch, workspace
 
 
 def test_scratch_outside_a_workspace_is_fresh_memory():
@@ -154,3 +155,49 @@ def test_a_fit_leaves_no_scratch_memory_in_the_calling_thread():
             tracemalloc.stop()
     # one image's scratch (its stack of 10 snapshots alone) is about 0.4 MB
     assert left < 100_000
+
+
+def _traced_during(step):
+    """Bytes traced by tracemalloc after ``step()`` and a collection, less those traced before."""
+    gc.collect()
+    base = tracemalloc.get_traced_memory()[0]
+    step()
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0] - base
+
+
+def _one_task(n=200_000):
+    """A task's computation: the address of its scratch buffer."""
+    with workspace():
+        return scratch(n, np.float64).ctypes.data
+
+
+def test_kept_buffers_serve_the_next_task_and_go_when_none_comes():
+    # what a cluster's worker does at the end of each task
+    release()
+    tracemalloc.start()
+    try:
+        address = _one_task()
+        keep_until_idle(idle=1.0)
+        assert _one_task() == address  # the next task, within the idle time
+        keep_until_idle(idle=1.0)
+        assert _traced_during(lambda: time.sleep(2.0)) <= -200_000 * 8  # dropped once idle
+        address = _one_task()
+        keep_until_idle(idle=60.0)
+        assert _traced_during(lambda: time.sleep(0.2)) > -200_000 * 4  # kept meanwhile
+        assert _traced_during(release) <= -200_000 * 8  # at once, whatever the timer
+    finally:
+        release()
+        tracemalloc.stop()
+
+
+def test_a_workspace_begun_before_the_idle_time_ends_keeps_the_buffers():
+    release()
+    address = _one_task()
+    keep_until_idle(idle=0.05)
+    with workspace():
+        time.sleep(0.5)  # the timer fires while this workspace is open
+        assert scratch(200_000, np.float64).ctypes.data == address
+    time.sleep(0.5)  # and it did not drop them after the workspace either
+    assert _one_task() == address
+    release()
