@@ -309,8 +309,9 @@ def _call_images(func, task, args, home=None):
     time of the process 0.95 / 1.28 s), peak memory 1103 / 1076 MiB; a Dask
     ``LocalCluster`` of 2 one-thread processes (whose nannies set
     ``MALLOC_TRIM_THRESHOLD_``, so that every large allocation takes fresh
-    pages), 2026-12-04, 5 alternating pairs of processes, 3 fits each:
-    median fit 5.82-6.73 / 7.06-7.54 s.
+    pages), 2026-12-04, 4 alternating pairs of processes, medians of 3
+    fits: 6.19-6.34 / 6.72-7.24 s; one Dask process with 2 threads, 3 pairs:
+    5.33-5.66 / 6.25-6.38 s.
     Dropped at the end of each task in joblib's worker processes: their tasks
     are not pinned to images, and kept buffers sized for another task's
     largest image took a worker past loky's memory-leak check, so that loky
