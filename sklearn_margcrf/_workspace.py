@@ -135,7 +135,7 @@ def scratch(shape, dtype):
 
 
 def release():
-    """Drop this thread's pooled buffers now."""
+    """Drop this thread's pooled buffers now (not while one of its workspaces is open)."""
     pool = getattr(_local, "pool", None)
     if pool is not None:
         _drop(pool, None)
