@@ -299,10 +299,11 @@ def _call_images(func, task, args, home=None):
 
     The scratch buffers that the task's images shared stay with the thread
     that ran them: in the process ``home`` (the map's own, without a cluster:
-    one batch, or threads) until the map's end; in a cluster's worker (no
-    ``home``) for the task of the next map, until the worker has been idle
-    for a while (``_workspace.keep_until_idle``). Kept, they spare every map
-    faulting its working set in again: measured (16 horses at half
+    one batch, or threads) until the map's end; in a worker process (of
+    joblib's or of a cluster: any other process) for the task of the next
+    map, until the worker has been idle for a while or collects garbage in
+    full between tasks (``_workspace.keep_until_idle``). Kept, they spare
+    every map faulting its working set in again: measured (16 horses at half
     resolution, fits of 8 L-BFGS iterations, 5 alternating pairs of
     processes, kept / dropped), n_jobs=1 9.16-9.63 / 9.67-10.06 s (per loss
     map no page faults / 11,405), 2 threads 5.45-5.77 / 5.48-5.97 s (system
@@ -311,18 +312,15 @@ def _call_images(func, task, args, home=None):
     ``MALLOC_TRIM_THRESHOLD_``, so that every large allocation takes fresh
     pages), 2026-12-04, 4 alternating pairs of processes, medians of 3
     fits: 6.19-6.34 / 6.72-7.24 s; one Dask process with 2 threads, 3 pairs:
-    5.33-5.66 / 6.25-6.38 s.
-    Dropped at the end of each task in joblib's worker processes: their tasks
-    are not pinned to images, and kept buffers sized for another task's
-    largest image took a worker past loky's memory-leak check, so that loky
-    replaced it (it compares a worker's whole resident size after each task
-    with its size after the first, 300 MB allowed). Measured (2026-12-03, 16
-    full-resolution horses, 2 loky workers): pools of 189 and 873 MB, five
-    workers replaced in a fit of 3 L-BFGS iterations; and (2026-12-04) with
-    only the largest buffers up to 160 MiB kept, a worker replaced within 3
-    iterations; 16 half-resolution horses, a pool kept while the worker's
-    anonymous memory grew by at most 200 MiB: a worker replaced in a fit
-    (docs/results/bench_fit_horses.txt)."""
+    5.33-5.66 / 6.25-6.38 s; 2 loky workers, 4 pairs: 5.03-5.34 / 5.50-5.95 s.
+    The garbage collection is loky's: it replaces a worker whose whole
+    resident size after a task exceeds its size after its first task by 300
+    MB, unless a full collection brings it back under that. Pools kept
+    through that check took workers past it (2026-12-03, 16 full-resolution
+    horses: pools of 189 and 873 MB, five workers replaced in a fit of 3
+    L-BFGS iterations; 2026-12-04, half resolution, a pool bounded by the
+    worker's growth of anonymous memory, 200 MiB: a worker replaced in a fit;
+    docs/results/bench_fit_horses.txt)."""
     try:
         out = []
         for batch, starts, positions in task:
@@ -338,10 +336,8 @@ def _call_images(func, task, args, home=None):
             out.append((results, seconds, None if starts is None else starts.travelling_ends()))
         return out
     finally:
-        if home is None:
+        if home is None or os.getpid() != home:
             keep_until_idle()
-        elif os.getpid() != home:
-            release()
 
 
 def _take(batch, positions):

@@ -32,15 +32,17 @@ the per-batch functions copy out what they keep (marginals, the messages of
 warm starts) before the workspace ends, and nothing else leaves it but new
 arrays (the weight gradients). Each thread keeps at most 1.25 times the
 scratch of its largest computation (with the buffers' headroom) until
-:func:`release`, which the parallel map calls at its own end and at the end
-of each task in a worker process of joblib's, or until no workspace has
-begun for a while after :func:`keep_until_idle`, which it calls at the end
-of each task on a cluster (``sklearn_margcrf._parallel._call_images``): the
-images of a task share buffers, and so do successive maps in the process
-that fits (one batch, or threads) and in a cluster's workers.
+:func:`release`, which the parallel map calls at its own end, or, after
+:func:`keep_until_idle`, which it calls at the end of each task in a worker
+process (``sklearn_margcrf._parallel._call_images``), until no workspace has
+begun for a while or a full garbage collection finds none open: the images
+of a task share buffers, and so do successive maps in the process that fits
+(one batch, or threads) and in the workers.
 """
 
+import gc
 import threading
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
@@ -141,12 +143,17 @@ def release():
         _drop(pool, None)
 
 
-def _drop(pool, generation):
+def _drop(pool, generation, wait=True):
     """Drop ``pool``'s buffers unless a workspace is open in it or, when
-    ``generation`` is given, one has begun since then."""
-    with pool.lock:
+    ``generation`` is given, one has begun since then; without ``wait``,
+    only if its lock is free now."""
+    if not pool.lock.acquire(blocking=wait):
+        return
+    try:
         if pool.depth == 0 and generation in (None, pool.generation):
             pool.free, pool.most, pool.asked = [], 0, 0
+    finally:
+        pool.lock.release()
 
 
 # keep_until_idle's wait: the tasks of a fit's successive maps follow each
@@ -154,10 +161,20 @@ def _drop(pool, generation):
 # worker outlives the fit
 _IDLE_SECONDS = 2.0
 
+# the pools that keep_until_idle keeps: a full garbage collection drops those
+# with no workspace open (see _collected)
+_kept_pools = weakref.WeakSet()
+_kept_pools_lock = threading.Lock()
+
 
 def keep_until_idle(idle=_IDLE_SECONDS):
     """Keep this thread's pooled buffers for its next workspace, and drop
-    them if none begins within ``idle`` seconds."""
+    them if none begins within ``idle`` seconds, or at a full garbage
+    collection (``gc.collect()``) while none is open: kept buffers are
+    memory that nothing uses between tasks, and a worker's owner that
+    collects garbage before judging its size, as loky does before replacing
+    a worker process whose size has grown by 300 MB since its first task,
+    sees it freed (loky's worker loop, joblib/externals/loky/process_executor.py)."""
     pool = getattr(_local, "pool", None)
     if pool is None:
         return
@@ -166,6 +183,24 @@ def keep_until_idle(idle=_IDLE_SECONDS):
     pool.timer = threading.Timer(idle, _drop, (pool, pool.generation))
     pool.timer.daemon = True  # a process may end before it fires
     pool.timer.start()
+    with _kept_pools_lock:
+        _kept_pools.add(pool)
+        if _collected not in gc.callbacks:
+            gc.callbacks.append(_collected)
+
+
+def _collected(phase, info):
+    """gc's callback: at the start of a full collection, drop the kept pools
+    whose thread has no workspace open. Never waits for a pool's lock: the
+    collection may run in a thread that holds one (then that pool stays)."""
+    if phase != "start" or info.get("generation") != 2 or not _kept_pools_lock.acquire(blocking=False):
+        return
+    try:
+        pools = list(_kept_pools)
+    finally:
+        _kept_pools_lock.release()
+    for pool in pools:
+        _drop(pool, None, wait=False)
 
 
 def scratch_full(shape, value, dtype):

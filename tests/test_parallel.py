@@ -181,21 +181,27 @@ def test_maps_in_this_process_keep_their_scratch_from_map_to_map_and_free_it_at_
     assert left < 100_000
 
 
-def test_process_workers_drop_their_scratch_after_each_task():
-    # kept, it would count against loky's memory-leak margin (see _call_images)
+def test_process_workers_keep_their_scratch_until_a_full_collection():
+    # kept from one task to the next; freed when the worker collects garbage
+    # (as loky does before it judges a worker's size, see _call_images)
     X, y = make_structured_data(n_samples=2, shape=(4, 4))
     samples, _, _ = _check_X(X)
     labels, _ = _check_y(y, samples)
     with joblib.parallel_config(backend="loky"), ImageBatches(samples, labels, n_jobs=2) as batches:
-        batches.map(_scratch_address)
-        pools = joblib.Parallel(n_jobs=2)(joblib.delayed(_pool_bytes)(0.2) for _ in range(4))
-    assert pools == [0] * 4
+        for _ in range(2):  # a fresh worker's first task is followed by loky's first collection
+            batches.map(_scratch_address)
+        kept = joblib.Parallel(n_jobs=2)(joblib.delayed(_pool_bytes)(0.2) for _ in range(4))
+        collected = joblib.Parallel(n_jobs=2)(joblib.delayed(_pool_bytes)(0.2, True) for _ in range(4))
+    assert max(kept) > 0
+    assert collected == [0] * 4
 
 
-def _pool_bytes(pause):
+def _pool_bytes(pause, collect=False):
     from sklearn_margcrf import _workspace
 
     time.sleep(pause)  # every worker gets a task
+    if collect:
+        gc.collect()
     pool = getattr(_workspace._local, "pool", None)
     return 0 if pool is None else sum(b.nbytes for b in pool.free)
 

@@ -158,11 +158,13 @@ def test_a_fit_leaves_no_scratch_memory_in_the_calling_thread():
 
 
 def _traced_during(step):
-    """Bytes traced by tracemalloc after ``step()`` and a collection, less those traced before."""
-    gc.collect()
+    """Bytes traced by tracemalloc after ``step()`` and a collection, less
+    those traced before (collections of the young generations: a full one
+    drops kept buffers)."""
+    gc.collect(1)
     base = tracemalloc.get_traced_memory()[0]
     step()
-    gc.collect()
+    gc.collect(1)
     return tracemalloc.get_traced_memory()[0] - base
 
 
@@ -201,3 +203,37 @@ def test_a_workspace_begun_before_the_idle_time_ends_keeps_the_buffers():
     time.sleep(0.5)  # and it did not drop them after the workspace either
     assert _one_task() == address
     release()
+
+
+def test_a_full_garbage_collection_drops_kept_buffers_while_no_workspace_is_open():
+    # loky collects garbage before it replaces a worker process for its
+    # size: what a worker keeps between tasks must not count then
+    release()
+    tracemalloc.start()
+    try:
+        _one_task()
+        keep_until_idle(idle=60.0)
+        assert _traced_during(lambda: gc.collect(1)) > -200_000 * 4  # not a full collection: kept
+        with workspace():
+            assert _traced_during(gc.collect) > -200_000 * 4  # a workspace is open: kept
+        keep_until_idle(idle=60.0)
+        assert _traced_during(gc.collect) <= -200_000 * 8
+        # buffers kept otherwise (a map's own threads keep theirs until its end) stay
+        done, collected = threading.Event(), threading.Event()
+
+        def thread():
+            _one_task()
+            done.set()
+            collected.wait()
+
+        other = threading.Thread(target=thread)
+        other.start()
+        done.wait()
+        try:
+            assert _traced_during(gc.collect) > -200_000 * 4
+        finally:
+            collected.set()
+            other.join()
+    finally:
+        release()
+        tracemalloc.stop()
