@@ -343,3 +343,19 @@ def test_the_batches_of_a_killed_fit_are_removed(tmp_path):
             break
         time.sleep(0.1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_batch_reports_the_bytes_of_its_images():
+    # what a cluster's scheduler and memory manager go by (dask.sizeof falls
+    # back on sys.getsizeof)
+    X, y = make_structured_data(n_samples=3, shape=(6, 7))
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    batch = pack(samples, labels, [0, 2])
+    images = sum(a.nbytes for k in (0, 2) for a in (samples[k].node_features, samples[k].edge_features))
+    images += sum(np.asarray(samples[k].edges).size * 8 + np.size(labels[k]) * 8 for k in (0, 2))
+    assert images <= sys.getsizeof(batch) <= images + 1024
+    unlabelled = pack(samples, None, [0, 2])
+    assert sys.getsizeof(unlabelled) < sys.getsizeof(batch)
+    sizeof = pytest.importorskip("dask.sizeof").sizeof
+    assert sizeof(batch) == sys.getsizeof(batch)
