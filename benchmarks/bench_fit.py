@@ -217,11 +217,14 @@ def main(argv=None):
         print(f"n_jobs=2 {name:<13} {wall:7.3f} s/iteration  speed-up {wall1 / wall:5.2f}x  "
               f"wall / (kernels / 2) {wall / (kernel / 2):5.3f}  (kernels against n_jobs=1: {kernel / kernel1:5.3f})  "
               f"weights {'identical' if same else 'DIFFER'}\n"
-              f"   within pairs (n_jobs=1 and 2): speed-up median {np.median(ratios):5.2f}x, "
-              f"range {min(ratios):5.2f}-{max(ratios):5.2f}x over {len(ratios)} pairs "
-              f"({' '.join(f'{r:.2f}' for r in ratios)})\n"
-              f"   timed inside the long fits: speed-up median {np.median(in_fit):5.2f}x, "
-              f"range {min(in_fit):5.2f}-{max(in_fit):5.2f}x ({' '.join(f'{r:.2f}' for r in in_fit)})", flush=True)
+              f"   within pairs (n_jobs=1 and 2): {_spread(ratios)} over {len(ratios)} pairs\n"
+              f"   timed inside the long fits: {_spread(in_fit)}", flush=True)
+
+
+def _spread(ratios):
+    """Median, range and values of speed-ups, for the report."""
+    return (f"speed-up median {np.median(ratios):5.2f}x, range {min(ratios):5.2f}-{max(ratios):5.2f}x "
+            f"({' '.join(f'{r:.2f}' for r in ratios)})")
 
 if __name__ == "__main__":
     main()
