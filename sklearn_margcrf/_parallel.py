@@ -105,8 +105,10 @@ class LostWorker(Exception):
 
 
 def balanced_groups(costs, n_groups):
-    """Split image indices into at most ``n_groups`` groups of similar total cost
-    (longest processing time first); each group is returned in image order.
+    """Split image indices into at most ``n_groups`` groups of similar total
+    cost: longest processing time first, then moves and swaps of single
+    images between the costliest group and the cheaper ones while they lower
+    the costlier of the two; each group is returned in image order.
 
     One batch per worker rather than one joblib task per image: on a cluster
     each worker then holds only its own images (the horses training set at
@@ -115,15 +117,62 @@ def balanced_groups(costs, n_groups):
     cost the same: 16 images of 60x80, TRW 20 iterations, 2 loky workers,
     0.86 s per evaluation either way within the noise of a shared machine
     (0.70-0.93 s with one task per image).
+
+    The refinement is what makes the shares even with few images per worker:
+    on 16 half-resolution horses (2 threads, medians of a fit's per-image
+    seconds) longest processing time first left the costlier group 2.9%
+    above the mean, the best split 0.0%, and the maps' busiest task waits
+    for that difference.
     """
     n_groups = max(1, min(int(n_groups), len(costs)))
-    loads = [0.0] * n_groups
-    groups = [[] for _ in range(n_groups)]
+    costs = np.asarray(costs, dtype=float)
+    loads = np.zeros(n_groups)
+    members = [[] for _ in range(n_groups)]
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        target = min(range(n_groups), key=lambda c: (loads[c], c))
+        target = int(np.argmin(loads))  # the first of equal loads
         loads[target] += costs[index]
-        groups[target].append(index)
-    return [sorted(g) for g in groups if g]
+        members[target].append(index)
+    # each step lowers the costliest load or the number of groups that share
+    # it, and the sum of squared loads with it; the bound keeps a map's
+    # planning short for thousands of images
+    for _ in range(4 * len(costs)):
+        high = int(np.argmax(loads))
+        step = _best_exchange(costs, members, loads, high)
+        if step is None:
+            break
+        other, leaving, coming = step
+        for k in leaving:
+            members[high].remove(k)
+            members[other].append(k)
+        for k in coming:
+            members[other].remove(k)
+            members[high].append(k)
+        shift = costs[leaving].sum() - costs[coming].sum()
+        loads[high] -= shift
+        loads[other] += shift
+    return [sorted(g) for g in members if g]
+
+
+def _best_exchange(costs, members, loads, high):
+    """The move of one image from group ``high`` to another, or the swap of
+    one of its images for a cheaper one of another group, that brings the
+    costlier of the two groups lowest, if below ``loads[high]``: (the other
+    group, the images leaving ``high``, those coming)."""
+    mine = np.asarray(members[high])
+    best, best_peak = None, loads[high] * (1 - 1e-12)
+    for other in np.argsort(loads, kind="stable"):
+        other = int(other)
+        if other == high or loads[other] >= best_peak:
+            continue
+        theirs = np.asarray(members[other] + [-1])  # -1: nothing comes back (a move)
+        shift = costs[mine][:, None] - np.where(theirs < 0, 0.0, costs[theirs])[None, :]
+        peak = np.maximum(loads[high] - shift, loads[other] + shift)
+        peak[shift <= 0] = np.inf
+        i, j = np.unravel_index(int(np.argmin(peak)), peak.shape)
+        if peak[i, j] < best_peak:
+            best_peak = peak[i, j]
+            best = (other, [int(mine[i])], [] if theirs[j] < 0 else [int(theirs[j])])
+    return best
 
 
 def rebalanced_groups(groups, costs, min_gain=0.02):

@@ -20,7 +20,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
-from sklearn_margcrf._parallel import ImageBatches, pack, rebalanced_groups
+from sklearn_margcrf._parallel import ImageBatches, balanced_groups, pack, rebalanced_groups
 from sklearn_margcrf._workspace import release, scratch, workspace
 from sklearn_margcrf.estimator import _check_X, _check_y
 
@@ -204,6 +204,38 @@ def _pool_bytes(pause, collect=False):
         gc.collect()
     pool = getattr(_workspace._local, "pool", None)
     return 0 if pool is None else sum(b.nbytes for b in pool.free)
+
+
+def test_balanced_groups_even_the_loads_where_longest_first_does_not():
+    # longest processing time first puts 3 | 3 then 2, 2 on the lighter
+    # side: 7 against 6; a swap of a 3 for a 2 cannot help, but the best
+    # split is 6 | 6
+    assert balanced_groups([3.0, 3.0, 2.0, 2.0, 2.0], 2) == [[2, 3, 4], [0, 1]]
+    # small random instances: the costliest load is never above
+    # longest-first's; no single image can move from the costliest group to
+    # the cheapest with gain (so, with two groups, the costliest is within
+    # half that group's smallest cost of the best split, found by brute force)
+    rng = np.random.default_rng(3)
+    for n, n_groups in [(5, 2), (8, 2), (11, 2), (9, 3), (12, 4)]:
+        for _ in range(20):
+            costs = rng.lognormal(0, 0.7, n)
+            groups = balanced_groups(list(costs), n_groups)
+            assert sorted(k for g in groups for k in g) == list(range(n))
+            assert all(g == sorted(g) for g in groups)
+            loads = np.array([costs[g].sum() for g in groups])
+            lpt = np.zeros(n_groups)  # longest processing time first, as it was
+            for k in sorted(range(n), key=lambda k: -costs[k]):
+                lpt[int(np.argmin(lpt))] += costs[k]
+            assert loads.max() <= lpt.max() + 1e-12
+            smallest = costs[groups[int(np.argmax(loads))]].min()
+            assert loads.max() - loads.min() <= smallest + 1e-12
+            if n_groups == 2:
+                best = min(max(costs[[k for k in range(n) if m >> k & 1]].sum(),
+                               costs[[k for k in range(n) if not m >> k & 1]].sum()) for m in range(1 << n))
+                assert loads.max() <= best + smallest / 2 + 1e-12
+    # more groups than images, and equal costs
+    assert balanced_groups([1.0, 2.0], 5) == [[1], [0]]
+    assert [len(g) for g in balanced_groups([1.0] * 9, 3)] == [3, 3, 3]
 
 
 def test_rebalanced_groups_move_few_images_and_only_for_a_real_gain():
