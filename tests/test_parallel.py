@@ -130,7 +130,7 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
             with ImageBatches(samples, labels, n_jobs=2) as batches, batches.warm_starts([1] * 4, np.float64) as starts:
                 groups = [sorted(group) for group in batches.groups]
                 maps, pending = [], []
-                for _ in range(3):
+                for _ in range(4):
                     maps.append(batches.map(_count_with_starts, starts=starts))
                     pending.append([sorted(group) for group in batches.groups])
                 maps.append(batches.map(_count_with_starts, starts=starts))
@@ -138,12 +138,12 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
                 maps.append(batches.map(_count_with_starts, starts=starts))
                 after = [sorted(group) for group in batches.groups]
     assert sorted(map(len, groups)) == [2, 2]  # by size
-    # a move is decided on two maps past the first (which finds moved images
-    # cold), and made at the next map: the fourth
-    assert pending == [groups] * 3
+    # a move is decided on three maps past the first (which finds moved
+    # images cold), and made at the next map: the fifth
+    assert pending == [groups] * 4
     assert sorted(moved) == [[0], [1, 2, 3]] and after == moved  # balanced: no more moves
     # results in image order, and each image started where it ended, wherever it moved
-    assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(4)]
+    assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(5)]
 
 
 def _scratch_address(batch):
