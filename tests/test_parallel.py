@@ -146,6 +146,33 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
     assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(5)]
 
 
+def _worker_pid(batch):
+    return [os.getpid()] * batch.n_images
+
+
+def test_on_a_cluster_each_map_runs_where_its_batches_are():
+    # The scheduler takes tasks of a name with many tasks alive for root
+    # tasks and sends them to any free worker, which then fetches the batch
+    # from the other; kept alive here, eight tasks of the map's name make
+    # every map's tasks look so.
+    distributed = pytest.importorskip("distributed")
+    X, y = make_structured_data(n_samples=4, shape=(4, 4))
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    with distributed.LocalCluster(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster:
+        with distributed.Client(cluster) as client, joblib.parallel_config(backend="dask"):
+            crowd = [client.submit(len, [k], key=f"_call_images-crowd-{k}") for k in range(8)]
+            client.gather(crowd)
+            with ImageBatches(samples, labels, n_jobs=2) as batches:
+                ran = [batches.map(_worker_pid) for _ in range(24)]
+                fetched = client.run(lambda dask_worker: [key for transfer in dask_worker.transfer_incoming_log
+                                                          for key in transfer["keys"]])
+    # no batch travelled between workers (only images that moved may)
+    assert [key for keys in fetched.values() for key in keys if not key.startswith("_take-")] == []
+    assert all(len(r) == 4 for r in ran)
+    del crowd
+
+
 def _scratch_address(batch):
     """Per image: the address of 800 kB of scratch taken in a workspace."""
     out = []
