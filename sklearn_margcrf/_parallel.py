@@ -92,10 +92,10 @@ _COST_MAPS = 5
 #: noise of the loads and gained nothing measurable: fits of 20 L-BFGS
 #: iterations took 14.4-15.3 s with them, 13.7-14.5 s without (2 pairs
 #: of 2 fits). A gain of 10% needs loads about 20% apart. The maps are
-#: three, so that their median does not see one slow map: an early map of
-#: a fit is sometimes slow on both workers at once (2026-12-05, the same
-#: images and cluster: the tasks of the third map started 0.25 s late on
-#: both workers and one ran 785 ms against 445; the median of two maps
+#: three, so that their median does not see one slow map (2026-12-05, the
+#: same images and cluster: the tasks of a fit's third map started 0.25 s
+#: late on both workers, each having been sent where the other's batch
+#: was, see map, and one ran 785 ms against 445; the median of two maps
 #: took that for the images' cost, moved 2 images, which made the batches
 #: 544 against 398 ms, and moved one back three maps later).
 _MOVE_AFTER_MAPS = 3
