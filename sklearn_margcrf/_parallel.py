@@ -24,7 +24,8 @@ change. So the images are packed once into one :class:`Batch` per worker
 * on a cluster (a backend with a ``client``, joblib's Dask backend), whose
   workers need not share a file system, each batch is submitted once as a
   task that packs it, and the tasks of every map, submitted to the client
-  directly, refer to it by future. Not scattered: Dask cannot recover
+  directly, refer to it by future, each restricted (loosely) to the workers
+  that hold its batch (see :meth:`ImageBatches.map`). Not scattered: Dask cannot recover
   scattered data lost with a worker, but recomputes a lost task result
   elsewhere and reruns a task whose worker died, so a lost worker only
   delays the map. The scheduler keeps each packing task, with its images,
