@@ -148,13 +148,13 @@ def balanced_groups(costs, n_groups):
         if step is None:
             break
         other, leaving, coming = step
-        for k in leaving:
-            members[high].remove(k)
-            members[other].append(k)
-        for k in coming:
-            members[other].remove(k)
-            members[high].append(k)
-        shift = costs[leaving].sum() - costs[coming].sum()
+        members[high].remove(leaving)
+        members[other].append(leaving)
+        shift = costs[leaving]
+        if coming is not None:
+            members[other].remove(coming)
+            members[high].append(coming)
+            shift -= costs[coming]
         loads[high] -= shift
         loads[other] += shift
     return [sorted(g) for g in members if g]
@@ -164,7 +164,7 @@ def _best_exchange(costs, members, loads, high):
     """The move of one image from group ``high`` to another, or the swap of
     one of its images for a cheaper one of another group, that brings the
     costlier of the two groups lowest, if below ``loads[high]``: (the other
-    group, the images leaving ``high``, those coming)."""
+    group, the image leaving ``high``, the one coming back or None)."""
     mine = np.asarray(members[high])
     best, best_peak = None, loads[high] * (1 - 1e-12)
     for other in np.argsort(loads, kind="stable"):
@@ -178,7 +178,7 @@ def _best_exchange(costs, members, loads, high):
         i, j = np.unravel_index(int(np.argmin(peak)), peak.shape)
         if peak[i, j] < best_peak:
             best_peak = peak[i, j]
-            best = (other, [int(mine[i])], [] if theirs[j] < 0 else [int(theirs[j])])
+            best = (other, int(mine[i]), None if theirs[j] < 0 else int(theirs[j]))
     return best
 
 
