@@ -661,31 +661,8 @@ class ImageBatches:
         tasks = self._tasks.get(func) or [[(c, range(len(group)))] for c, group in enumerate(self.groups)]
         calls = [[(self._handles[c], handles[c], positions) for c, positions in task] for task in tasks]
         if self._client is not None:
-            # Each task where its batch is (a loose restriction: elsewhere if
-            # that worker is gone). Left to itself the scheduler takes a map's
-            # tasks for root tasks, which go to any free worker, whenever more
-            # than twice as many tasks of the same name as it has threads are
-            # alive (a map's and the last maps' not yet released): measured
-            # (16 horses at half resolution, 2 one-thread workers), in about
-            # one fit of two the two tasks of a map went each to the other
-            # worker, which fetched the other's batch: 0.16-0.28 s before they
-            # started, and one fit of 12 iterations moved images twice after
-            # it. Where each batch is is asked once per batch (a request to
-            # the scheduler at every map cost it about 10 ms); after a move the
-            # batches are new tasks; if a worker is lost, the tasks of its
-            # batches run where the scheduler recomputes them.
-            unknown = [self._handles[c] for task in tasks for c, _ in task if self._handles[c].key not in self._holders]
-            if unknown:
-                from distributed import wait  # a cluster's client: distributed is there
-
-                wait(unknown)  # packed (or regrouped) first: only then is where known
-                self._holders.update((k, v) for k, v in self._client.who_has(unknown).items() if v)
-            holders = self._holders
-            futures = []
-            for task, call in zip(tasks, calls):
-                where = sorted({w for c, _ in task for w in holders.get(self._handles[c].key, ())})
-                placed = {"workers": where, "allow_other_workers": True} if where else {}
-                futures.append(self._client.submit(_call_images, func, call, args, pure=False, **placed))
+            futures = [self._submit_where([self._handles[c] for c, _ in task], _call_images, func, call, args)
+                       for task, call in zip(tasks, calls)]
             per_task = self._client.gather(futures)
         elif self._parallel is None:
             per_task = [_call_images(func, call, args, os.getpid()) for call in calls]
@@ -736,6 +713,30 @@ class ImageBatches:
                 costs = [float(c) for c in np.median(settled[1:], axis=0)]
                 self._moves = rebalanced_groups(self.groups, costs, _MOVE_MIN_GAIN)
 
+    def _submit_where(self, batches, func, *args):
+        """``func(*args)`` submitted to the cluster to run where the
+        ``batches`` (futures) are, a loose restriction: elsewhere if those
+        workers are gone. Left to itself the scheduler takes tasks of a name
+        with more than twice as many tasks alive as it has threads (a map's
+        and the last maps' not yet released) for root tasks, which go to any
+        free worker: measured (16 horses at half resolution, 2 one-thread
+        workers), in about one fit of two the two tasks of a map went each
+        to the other worker, which fetched the other's batch, 0.16-0.28 s
+        before they started, and one fit of 12 iterations moved images twice
+        after it. Where a batch is is asked once (a request to the scheduler
+        at every map cost it about 10 ms), once it is packed or regrouped;
+        if a worker is lost, the tasks of its batches run where the
+        scheduler recomputes them."""
+        unknown = [batch for batch in batches if batch.key not in self._holders]
+        if unknown:
+            from distributed import wait  # a cluster's client: distributed is there
+
+            wait(unknown)
+            self._holders.update((k, v) for k, v in self._client.who_has(unknown).items() if v)
+        where = sorted({w for batch in batches for w in self._holders.get(batch.key, ())})
+        placed = {"workers": where, "allow_other_workers": True} if where else {}
+        return self._client.submit(func, *args, pure=False, **placed)
+
     def _move_images(self, groups):
         """Move images between a cluster's batches so that batch ``c`` holds
         the images ``groups[c]`` (:func:`rebalanced_groups`): each batch
@@ -753,9 +754,9 @@ class ImageBatches:
                 handles.append(self._handles[d])
                 order.append(self.groups[d])
                 continue
-            parts = [self._client.submit(_take, self._handles[c], positions, pure=False)
+            parts = [self._submit_where([self._handles[c]], _take, self._handles[c], positions)
                      for c, positions in sorted(incoming.items())]
-            handles.append(self._client.submit(_regroup, self._handles[d], kept, *parts, pure=False))
+            handles.append(self._submit_where([self._handles[d]], _regroup, self._handles[d], kept, *parts))
             order.append([self.groups[d][b] for b in kept]
                          + [self.groups[c][b] for c, positions in sorted(incoming.items()) for b in positions])
         self._handles, self.groups = handles, order
