@@ -61,7 +61,7 @@ import os
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from joblib import effective_n_jobs
@@ -111,11 +111,12 @@ class LostWorker(Exception):
     are in place (the map can be called again). Its cause is joblib's error."""
 
 
-def balanced_groups(costs, n_groups):
-    """Split image indices into at most ``n_groups`` groups of similar total
-    cost: longest processing time first, then moves and swaps of single
-    images between the costliest group and the cheaper ones while they lower
-    the costlier of the two; each group is returned in image order.
+def balanced_groups(costs, n_groups, images=None):
+    """Split image indices (``images``, default all) into at most
+    ``n_groups`` groups of similar total cost (``costs[k]``: image ``k``'s):
+    longest processing time first, then moves and swaps of single images
+    between the costliest group and the cheaper ones while they lower the
+    costlier of the two; each group is returned in image order.
 
     One batch per worker rather than one joblib task per image: on a cluster
     each worker then holds only its own images (the horses training set at
@@ -131,8 +132,9 @@ def balanced_groups(costs, n_groups):
     above the mean, the best split 0.0%, and the maps' busiest task waits
     for that difference.
     """
+    images = np.arange(len(costs)) if images is None else np.asarray(images, dtype=np.int64)
+    costs = np.asarray(costs, dtype=float)[images]
     n_groups = max(1, min(int(n_groups), len(costs)))
-    costs = np.asarray(costs, dtype=float)
     loads = np.zeros(n_groups)
     members = [[] for _ in range(n_groups)]
     for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
@@ -157,7 +159,7 @@ def balanced_groups(costs, n_groups):
             shift -= costs[coming]
         loads[high] -= shift
         loads[other] += shift
-    return [sorted(g) for g in members if g]
+    return [sorted(int(images[i]) for i in g) for g in members if g]
 
 
 def _best_exchange(costs, members, loads, high):
@@ -517,13 +519,10 @@ class WarmStarts:
         ]
 
     def advance(self, travelled):
-        """After a completed map: its ends (per batch, when they travelled)
+        """After a completed map: its ends (per image, when they travelled)
         become the next map's starts."""
         if self.kept is not None:
-            for group, ends in zip(self.batches.groups, travelled):
-                ptr = self._pointers(group)
-                for b, k in enumerate(group):
-                    self.kept[k] = ends[ptr[b]:ptr[b + 1]]
+            self.kept = list(travelled)
         self.n_maps += 1
 
     def close(self):
@@ -657,9 +656,14 @@ class ImageBatches:
             self._move_images(self._moves)
             self._moves = None
             self._settled = {}
+            self._tasks = {}  # planned on the batches before the move
         handles = [None] * len(self.groups) if starts is None else starts.image_starts()
         tasks = self._tasks.get(func) or [[(c, range(len(group)))] for c, group in enumerate(self.groups)]
-        calls = [[(self._handles[c], handles[c], positions) for c, positions in task] for task in tasks]
+        # each part its own starts: a batch split between two tasks of a
+        # cluster's worker gives each task its own ends (a shared one would
+        # be allocated by both threads, and one of them would lose its ends)
+        calls = [[(self._handles[c], handles[c] if handles[c] is None else replace(handles[c]), positions)
+                  for c, positions in task] for task in tasks]
         if self._client is not None:
             futures = [self._submit_where([self._handles[c] for c, _ in task], _call_images, func, call, args)
                        for task, call in zip(tasks, calls)]
@@ -673,13 +677,14 @@ class ImageBatches:
                 self._stop_workers(type(exc), exc, exc.__traceback__)
                 self._start_workers()  # the batch files stay: fresh workers map them again
                 raise LostWorker(str(exc)) from exc
-        out, seconds, travelled = [None] * self.n_images, [0.0] * self.n_images, [None] * len(self.groups)
-        for task, parts in zip(tasks, per_task):
-            for (c, positions), (results, times, ends) in zip(task, parts):
-                travelled[c] = ends  # a whole batch's, when they travel
+        out, seconds, travelled = [None] * self.n_images, [0.0] * self.n_images, [None] * self.n_images
+        for task, parts, call in zip(tasks, per_task, calls):
+            for (c, positions), (results, times, ends), (_, part_starts, _) in zip(task, parts, call):
                 for b, result, t in zip(positions, results, times):
                     out[self.groups[c][b]] = result
                     seconds[self.groups[c][b]] = t
+                    if ends is not None:  # they travelled: the part's batch's, this image's among them
+                        travelled[self.groups[c][b]] = ends[part_starts.ptr[b]:part_starts.ptr[b + 1]]
         if starts is not None:
             starts.advance(travelled)
         self._balance(func, seconds)
@@ -696,14 +701,17 @@ class ImageBatches:
         history = self._seconds.setdefault(func, [])
         history.append(seconds)
         del history[:-_COST_MAPS]
-        if self.folder is not None:
-            costs = [float(c) for c in np.median(history, axis=0)]
-            where = self._positions()
-            self._tasks[func] = [
-                [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
-                for images in balanced_groups(costs, len(self.groups))
-            ]
-        elif self._client is not None:
+        costs = [float(c) for c in np.median(history, axis=0)]
+        # the batches that one place holds, whose images any of its tasks may
+        # take: all of them with a shared folder, a worker's on a cluster
+        places = [range(len(self.groups))] if self._client is None else self._batches_by_worker()
+        where = self._positions()
+        self._tasks[func] = [
+            [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
+            for batches in places
+            for images in balanced_groups(costs, len(batches), sorted(k for c in batches for k in self.groups[c]))
+        ]
+        if self._client is not None and len(places) > 1:
             settled = self._settled.setdefault(func, [])
             settled.append(seconds)
             del settled[1:-_COST_MAPS]  # the first map on these batches is not one of them
@@ -711,7 +719,24 @@ class ImageBatches:
             heaviest = max(self._seconds, key=lambda f: float(np.sum(np.median(self._seconds[f], axis=0))))
             if heaviest is func and len(settled) > _MOVE_AFTER_MAPS:  # moved at the next map, if any
                 costs = [float(c) for c in np.median(settled[1:], axis=0)]
-                self._moves = rebalanced_groups(self.groups, costs, _MOVE_MIN_GAIN)
+                held = [[k for c in batches for k in self.groups[c]] for batches in places]
+                moved = rebalanced_groups(held, costs, _MOVE_MIN_GAIN)
+                if moved is not None:  # the images coming to a worker join its first batch
+                    groups = list(self.groups)
+                    for batches, before, now in zip(places, held, moved):
+                        staying, incoming = set(now), [k for k in now if k not in set(before)]
+                        for c in batches:
+                            groups[c] = [k for k in self.groups[c] if k in staying] + (incoming if c == batches[0] else [])
+                    self._moves = groups
+
+    def _batches_by_worker(self):
+        """The cluster's batches grouped by the workers that hold them (a
+        batch whose holders are not known is a group of its own)."""
+        places = {}
+        for c, handle in enumerate(self._handles):
+            holders = tuple(sorted(self._holders.get(handle.key, ()))) or ("?", c)
+            places.setdefault(holders, []).append(c)
+        return list(places.values())
 
     def _submit_where(self, batches, func, *args):
         """``func(*args)`` submitted to the cluster to run where the

@@ -11,6 +11,7 @@ import threading
 import time
 import tracemalloc
 import warnings
+from contextlib import contextmanager
 
 import joblib
 import numpy as np
@@ -81,18 +82,33 @@ def _sleep_by_first_feature(batch):
     return out
 
 
-def test_the_next_map_balances_the_workers_by_the_seconds_of_each_image():
+@contextmanager
+def _one_worker_of_two_threads():
+    """joblib's Dask backend on a cluster of one worker with two threads (in this process)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster:
+        with distributed.Client(cluster), joblib.parallel_config(backend="dask"):
+            yield
+
+
+@pytest.mark.parametrize("backend", ["threading", "dask-threads"])
+def test_the_next_map_balances_the_workers_by_the_seconds_of_each_image(backend):
     # four images of one size: a first map gives each worker two of them,
     # although image 0 takes 20 times as long; the next map gives image 0 a
-    # worker of its own and the other three to the other worker
+    # worker of its own and the other three to the other worker. On a
+    # cluster, so do the threads of one worker that holds both batches,
+    # without moving images between them.
     X, y = make_structured_data(n_samples=4, shape=(4, 4))
     for number, sample in enumerate(X):
         sample.node_features[0, 0] = number
     samples, _, _ = _check_X(X)
     labels, _ = _check_y(y, samples)
-    with joblib.parallel_config(backend="threading"), ImageBatches(samples, labels, n_jobs=2) as batches:
+    config = joblib.parallel_config(backend="threading") if backend == "threading" else _one_worker_of_two_threads()
+    with config, ImageBatches(samples, labels, n_jobs=2) as batches:
+        groups = [list(group) for group in batches.groups]
         first = batches.map(_sleep_by_first_feature)
         second = batches.map(_sleep_by_first_feature)
+        assert batches.groups == groups
     assert [number for number, _ in first] == [number for number, _ in second] == [0, 1, 2, 3]
 
     def sharing_a_thread_with_0(results):
@@ -144,6 +160,36 @@ def test_on_a_cluster_images_move_between_batches_to_balance_the_workers():
     assert sorted(moved) == [[0], [1, 2, 3]] and after == moved  # balanced: no more moves
     # results in image order, and each image started where it ended, wherever it moved
     assert maps == [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(5)]
+
+
+def test_on_a_cluster_a_worker_s_threads_share_its_batches_and_each_image_starts_where_it_ended():
+    # one worker holds both batches: from the second map on its two tasks
+    # split them by the images' seconds (image 0 alone), each task with
+    # parts of both batches, and every image still starts from its own end
+    X, y = make_structured_data(n_samples=4, shape=(4, 4))
+    for number, sample in enumerate(X):
+        sample.node_features[0, 0] = number
+    samples, _, _ = _check_X(X)
+    labels, _ = _check_y(y, samples)
+    with _one_worker_of_two_threads():
+        with ImageBatches(samples, labels, n_jobs=2) as batches, batches.warm_starts([1] * 4, np.float64) as starts:
+            groups = [list(group) for group in batches.groups]
+            maps = [batches.map(_count_with_starts_and_thread, starts=starts) for _ in range(4)]
+            assert batches.groups == groups  # nothing moved
+    assert sorted(map(len, groups)) == [2, 2]  # by size
+
+    def sharing_a_thread_with_0(results):
+        return sorted(number for (number, _), thread in results[1:] if thread == results[0][1])
+
+    assert len(sharing_a_thread_with_0(maps[0])) == 1
+    assert [sharing_a_thread_with_0(m) for m in maps[1:]] == [[]] * 3
+    assert [[count for count, _ in m] for m in maps] == (
+        [[(k, None) for k in range(4)]] + [[(k, 100.0 * k + i) for k in range(4)] for i in range(3)])
+
+
+def _count_with_starts_and_thread(batch, image_starts):
+    """:func:`_count_with_starts`, each image's result with the thread that ran it."""
+    return [(count, threading.get_ident()) for count in _count_with_starts(batch, image_starts)]
 
 
 def _one_per_image(batch):
