@@ -141,10 +141,18 @@ def balanced_groups(costs, n_groups, images=None):
         target = int(np.argmin(loads))  # the first of equal loads
         loads[target] += costs[index]
         members[target].append(index)
+    _even_out(costs, members, loads)
+    return [sorted(int(images[i]) for i in g) for g in members if g]
+
+
+def _even_out(costs, members, loads):
+    """Move and swap single images (:func:`_best_exchange`) between the
+    groups ``members`` (image indices into ``costs``; ``loads``: their
+    totals, an array) while that lowers the costliest load; in place."""
     # each step lowers the costliest load or the number of groups that share
     # it, and the sum of squared loads with it; the bound keeps a map's
     # planning short for thousands of images
-    for _ in range(4 * len(costs)):
+    for _ in range(4 * sum(map(len, members))):
         high = int(np.argmax(loads))
         step = _best_exchange(costs, members, loads, high)
         if step is None:
@@ -159,21 +167,21 @@ def balanced_groups(costs, n_groups, images=None):
             shift -= costs[coming]
         loads[high] -= shift
         loads[other] += shift
-    return [sorted(int(images[i]) for i in g) for g in members if g]
 
 
 def _best_exchange(costs, members, loads, high):
     """The move of one image from group ``high`` to another, or the swap of
     one of its images for a cheaper one of another group, that brings the
     costlier of the two groups lowest, if below ``loads[high]``: (the other
-    group, the image leaving ``high``, the one coming back or None)."""
+    group, the image leaving ``high``, the one coming back or None). A move
+    before a swap that does as well: one image travels instead of two."""
     mine = np.asarray(members[high])
     best, best_peak = None, loads[high] * (1 - 1e-12)
     for other in np.argsort(loads, kind="stable"):
         other = int(other)
         if other == high or loads[other] >= best_peak:
             continue
-        theirs = np.asarray(members[other] + [-1])  # -1: nothing comes back (a move)
+        theirs = np.asarray([-1] + members[other])  # -1: nothing comes back (a move)
         shift = costs[mine][:, None] - np.where(theirs < 0, 0.0, costs[theirs])[None, :]
         peak = np.maximum(loads[high] - shift, loads[other] + shift)
         peak[shift <= 0] = np.inf
@@ -185,26 +193,17 @@ def _best_exchange(costs, members, loads, high):
 
 
 def rebalanced_groups(groups, costs, min_gain=0.02):
-    """Groups of similar total cost reached from ``groups`` by moving few
-    images (each from the costliest group to the cheapest while that brings
-    them closer), or None when that lowers the costliest total by less than
-    ``min_gain`` (relative): for a cluster, where moving an image copies it.
-    Each group keeps its images' order, the images that come in last."""
+    """Groups of similar total cost reached from ``groups`` by moving or
+    swapping few images (:func:`_even_out`), or None when that lowers the
+    costliest total by less than ``min_gain`` (relative): for a cluster,
+    where moving an image copies it. Each group keeps its images' order,
+    the images that come in last."""
+    costs = np.asarray(costs, dtype=float)
     members = [list(group) for group in groups]
-    loads = [sum(costs[k] for k in group) for group in groups]
-    before = max(loads)
-    for _ in range(len(costs) * len(groups)):  # each move lowers the sum of squared loads
-        high, low = int(np.argmax(loads)), int(np.argmin(loads))
-        gap = loads[high] - loads[low]
-        candidates = [k for k in members[high] if 0 < costs[k] < gap]
-        if not candidates:
-            break
-        k = min(candidates, key=lambda k: (abs(gap - 2 * costs[k]), k))
-        members[high].remove(k)
-        members[low].append(k)
-        loads[high] -= costs[k]
-        loads[low] += costs[k]
-    if max(loads) > (1 - min_gain) * before:
+    loads = np.array([costs[list(group)].sum() for group in groups])
+    before = loads.max()
+    _even_out(costs, members, loads)
+    if loads.max() > (1 - min_gain) * before:
         return None
     regrouped = []
     for group, now in zip(groups, members):

@@ -317,6 +317,9 @@ def test_rebalanced_groups_move_few_images_and_only_for_a_real_gain():
     assert rebalanced_groups([[0, 1, 2], [3]], [1.0] * 4) == [[1, 2], [3, 0]]
     # the image whose move brings the totals closest: image 1 (cost 2) to even 4 against 0
     assert rebalanced_groups([[0, 1, 2], [3]], [1.0, 2.0, 1.0, 0.0]) == [[0, 2], [3, 1]]
+    # loads 5 and 3.5: no single image can move with gain, a swap can
+    # (3 for 2.5: 4.5 against 4; as good as 2 for 1, found first)
+    assert rebalanced_groups([[0, 1], [2, 3]], [3.0, 2.0, 2.5, 1.0]) == [[1, 2], [3, 0]]
     # no move lowers the costliest total by 2%
     assert rebalanced_groups([[0], [1]], [1.0, 0.99]) is None
     assert rebalanced_groups([[0, 1], [2]], [1.0, 0.02, 1.0]) is None
