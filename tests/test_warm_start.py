@@ -86,12 +86,15 @@ def test_warm_starts_are_counted_in_the_memory_estimate():
     assert warm.total - cold.total == 2 * sum(2 * s.n_edges * 2 * 8 for s in samples)
 
 
-@pytest.mark.parametrize("processes", [True, False], ids=["processes", "threads"])
-def test_warm_fits_on_dask_equal_local_fits(processes):
+@pytest.mark.parametrize("processes, n_workers", [(True, 2), (False, 1), (True, 1)],
+                         ids=["processes", "threads", "one-process-two-threads"])
+def test_warm_fits_on_dask_equal_local_fits(processes, n_workers):
+    # one worker of two threads: its tasks share out both batches, parts of
+    # one batch in each task, and each image's end comes back with its part
     distributed = pytest.importorskip("distributed")
     params = dict(gradient_mode="implicit", tol=1e-4, max_iter=3)
     local = _fit(**params)
-    workers = dict(n_workers=2, threads_per_worker=1) if processes else dict(n_workers=1, threads_per_worker=2)
+    workers = dict(n_workers=n_workers, threads_per_worker=2 // n_workers)
     with distributed.LocalCluster(processes=processes, dashboard_address=None, **workers) as cluster:
         with distributed.Client(cluster):
             remote = _fit(n_jobs=2, backend="dask", **params)
