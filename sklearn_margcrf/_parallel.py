@@ -215,8 +215,8 @@ def rebalanced_groups(groups, costs, min_gain=0.02):
         return None
     regrouped = []
     for group, now in zip(groups, members):
-        stayed, before = set(now), set(group)
-        regrouped.append([k for k in group if k in stayed] + [k for k in now if k not in before])
+        stayed, were_there = set(now), set(group)
+        regrouped.append([k for k in group if k in stayed] + [k for k in now if k not in were_there])
     return regrouped
 
 
@@ -719,11 +719,12 @@ class ImageBatches:
         # the batches that one place holds, whose images any of its tasks may
         # take: all of them with a shared folder, a worker's on a cluster
         places = [range(len(self.groups))] if self._client is None else self._batches_by_worker()
+        held = [[k for c in batches for k in self.groups[c]] for batches in places]  # each place's images
         where = self._positions()
         self._tasks[func] = [
             [(c, [where[k][1] for k in images if where[k][0] == c]) for c in sorted({where[k][0] for k in images})]
-            for batches in places
-            for images in balanced_groups(costs, len(batches), sorted(k for c in batches for k in self.groups[c]))
+            for batches, images_there in zip(places, held)
+            for images in balanced_groups(costs, len(batches), sorted(images_there))
         ]
         if self._client is not None and len(places) > 1:
             settled = self._settled.setdefault(func, [])
@@ -733,12 +734,12 @@ class ImageBatches:
             heaviest = max(self._seconds, key=lambda f: float(np.sum(np.median(self._seconds[f], axis=0))))
             if heaviest is func and len(settled) > _MOVE_AFTER_MAPS:  # moved at the next map, if any
                 costs = [float(c) for c in np.median(settled[1:], axis=0)]
-                held = [[k for c in batches for k in self.groups[c]] for batches in places]
                 moved = rebalanced_groups(held, costs, _MOVE_MIN_GAIN)
                 if moved is not None:  # the images coming to a worker join its first batch
                     groups = list(self.groups)
                     for batches, before, now in zip(places, held, moved):
-                        staying, incoming = set(now), [k for k in now if k not in set(before)]
+                        staying, were_there = set(now), set(before)
+                        incoming = [k for k in now if k not in were_there]
                         for c in batches:
                             groups[c] = [k for k in self.groups[c] if k in staying] + (incoming if c == batches[0] else [])
                     self._moves = groups
