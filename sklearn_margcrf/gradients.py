@@ -137,9 +137,12 @@ class _Problem:
             n_iter = self.n_iter
         # the losses read marginals only; log_partition_and_grad evaluates the
         # entropy itself, with its gradient
+        # a truncated gradient does not read result.converged (the loss is
+        # that of n_iter iterations, converged or not)
         state, result = run_inference(
             self.edges, unary, pairwise, self.inference, self.rho, n_iter, self.tol, self.max_iter, keep_stack,
             log_partition=False, checkpoints=self.checkpoints, start=self.start,
+            check_converged=self.mode != "truncated",
         )
         self.diagnostics.inference_iterations += result.n_iter
         if self.inference in ("trw", "lbp") and floored_message_entries(state):

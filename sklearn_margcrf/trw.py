@@ -868,11 +868,12 @@ def _push(stack, stack_pow, slot, M, MP):
 @njit(cache=True, nogil=True)
 def _trw_forward_kernel(
     kt, sched, order, tabs, eu, rho_sched, rho_mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
-    edges, ptr, slot_of, rho, n_iter, tol, max_iter, push_slot, stack, stack_pow, mu_u, mu_p,
+    edges, ptr, slot_of, rho, n_iter, tol, max_iter, push_slot, stack, stack_pow, mu_u, mu_p, check=True,
 ):
     """TRW in place on ``M`` / ``MP`` / ``IM`` (messages, their rho-powers,
     their inverses; slot layout). ``n_iter >= 0``: exactly that many
-    iterations; ``n_iter < 0``: until the largest change of a unary marginal
+    iterations (``check`` False: converged stays False, without the
+    marginals before the last); ``n_iter < 0``: until the largest change of a unary marginal
     is below ``tol`` or ``max_iter`` iterations. Iteration ``it`` keeps the
     messages (and powers) it starts from in ``stack[push_slot[it]]`` when
     that is >= 0 (step 2(a)); ``push_slot`` is empty when nothing is kept.
@@ -893,7 +894,7 @@ def _trw_forward_kernel(
     if not fixed:
         n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
     while it < limit:
-        if fixed and it == limit - 1:  # marginals before the last iteration, for .converged
+        if fixed and check and it == limit - 1:  # marginals before the last iteration, for .converged
             n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, prev)
         if keep and push_slot[it] >= 0:
             _push(stack, stack_pow, push_slot[it], M, MP)
@@ -905,7 +906,7 @@ def _trw_forward_kernel(
         if fixed and it < limit:
             continue
         n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, MP, mu_u)
-        if _max_abs_diff(mu_u, prev) < tol:
+        if check and _max_abs_diff(mu_u, prev) < tol:
             converged = True
             break
         prev[:] = mu_u
@@ -1316,8 +1317,10 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
 
 
 def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, keep_stack=False, checkpoints=None,
-             specialise=True, interleave=None, start=None, grid=None):
-    """:func:`trw_forward`, with the kernel variant as arguments: ``specialise``
+             specialise=True, interleave=None, start=None, grid=None, check_converged=True):
+    """:func:`trw_forward`; ``check_converged=False`` with an integer
+    ``n_iter``: no marginals before the last iteration, ``converged`` None
+    (for callers that do not read it). The kernel variant as arguments: ``specialise``
     compiles the label loops for the constant K (K <= ``_MAX_SPECIALISED_K``),
     ``interleave`` runs the sweeps in interleaved order (default: for K = 2
     only, where it measured faster), ``grid`` runs a fixed number of
@@ -1398,23 +1401,25 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
             stack_pow = scratch((plan.n_slots, *snapshot_shape), dtype)
         push_slot = plan.forward_slots
     mu_u = scratch((n, K), dtype)
+    check = bool(check_converged) or n_iter is None  # to tol: the check is the loop's
     mu_p = None  # the grid kernels' states compute their pairwise marginals on first access
     if grid_kernels is None:
         mu_p = scratch((E, K * K), dtype)
         it, converged, n_fallback = _trw_forward_kernel(
             kt, sched, order, tabs, eu, rho_sched, mode, M, MP, IM, unary, pairwise, slot_edge, slot_side, rho_slot,
             edges, ptr, slot_of, rho, -1 if n_iter is None else int(n_iter), float(tol), int(max_iter),
-            push_slot, snapshots, stack_pow, mu_u, mu_p,
+            push_slot, snapshots, stack_pow, mu_u, mu_p, check,
         )
     else:
         grid_planes, it, converged, n_fallback = _grid_forward(
             grid_kernels, int(n_iter), push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu, mu_u,
+            check,
         )
     return TRWState(
         unary_marginals=mu_u,
         _pairwise_marginals=None if mu_p is None else mu_p.reshape(E, K, K),
         n_iter=int(it),
-        converged=bool(converged),
+        converged=bool(converged) if check else None,
         stack_buffer=snapshots if plan is not None else None,
         snapshot_powers=stack_pow,
         buffer_reused=False,
@@ -1459,20 +1464,19 @@ def _grid_planes(grid_kernels, M, MP, rho_mode):
 
 
 def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu,
-                  mu_u):
+                  mu_u, check=True):
     """``n_iter >= 1`` iterations on the planes and the unary marginals, as
     ``_trw_forward_kernel`` runs them for a fixed number of iterations
-    (marginals before the last iteration for ``converged``; the pairwise
+    (with ``check``, marginals before the last iteration for ``converged``; the pairwise
     marginals on first access, :func:`_grid_pairwise_marginals`). ``M`` (and
     ``MP`` for a general rho; slot layout) hold the start and receive the
     final messages; the slot-layout powers for rho = 1/2 are derived at
     the end. Returns the planes ``(M, P)``, the iterations,
-    whether converged and the number of fallbacks."""
+    whether converged (False without ``check``) and the number of fallbacks."""
     grid = grid_kernels.grid
     mode = grid_kernels.rho_mode
     planes = _grid_planes(grid_kernels, M, MP, mode)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
-    n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
 
     def slot_powers():
         """The messages of the planes into ``M``; their powers (slot layout)."""
@@ -1483,11 +1487,16 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
             return np.sqrt(M, out=scratch(M.shape, M.dtype))
         return grid.to_slots(planes[1], out=MP)
 
-    prev = scratch(mu_u.shape, mu_u.dtype)
-    n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), prev)
-    n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
+    prev = None
+    if check:
+        n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
+        prev = scratch(mu_u.shape, mu_u.dtype)
+        n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), prev)
+        n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
+    else:
+        n_fallback = grid_kernels.run(*planes, n_iter, push, snapshots, stack_pow)
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), mu_u)
-    converged = _max_abs_diff(mu_u, prev) < tol
+    converged = check and _max_abs_diff(mu_u, prev) < tol
     return planes, n_iter, converged, n_fallback
 
 
