@@ -56,6 +56,25 @@ def test_uniform_spanning_tree_rule_matches_enumeration(edges, n_nodes):
     assert rho.sum() == pytest.approx(n_nodes - 1)
 
 
+def test_edge_appearance_probabilities_of_graphs_of_one_size_are_each_their_own():
+    """The rules' results are kept per graph: graphs with as many nodes and
+    edges, and the same edges in another order, each get theirs, call after
+    call (the enumeration gives each)."""
+    grid = grid_edges(3, 3)
+    rewired = grid.copy()
+    rewired[5] = [0, 8]  # another graph of 9 nodes and 12 edges
+    swapped = grid[[2, 1, 0, *range(3, len(grid))]]  # the grid, two edges in the other order
+    leaf = grid.copy()
+    leaf[11] = [7, 8]  # a duplicate edge (another multigraph of the same size)
+    graphs = [grid, rewired, swapped, leaf]
+    expected = [spanning_tree_edge_probabilities(9, g) for g in graphs]
+    assert not np.allclose(expected[0], expected[1]) and not np.allclose(expected[0], expected[2])
+    for _ in range(2):
+        for g, want in zip(graphs, expected):
+            np.testing.assert_allclose(edge_appearance_probabilities(9, g, "uniform_spanning_tree"), want, atol=1e-10)
+            np.testing.assert_allclose(edge_appearance_probabilities(9, g), want, atol=1e-10)
+
+
 def test_forest_cover_rule_is_valid_and_half_on_grids():
     rho = edge_appearance_probabilities(200 * 300, grid_edges(200, 300), "forest_cover")
     assert np.all(rho == 0.5)
