@@ -95,11 +95,23 @@ def load_horses(data, n_images, scale):
 BACKENDS = ("loky", "threading", "multiprocessing", "dask-processes", "dask-threads")
 
 
+# Dask's periodic work slowed down (see docs/scaling.rst): the event-loop
+# tick of every server (20 ms), the system monitors (500 ms) and the nannies'
+# memory monitors (100 ms), and work stealing (every 100 ms), none of which a
+# fit of pinned tasks needs at that pace
+DASK_QUIET = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.memory.monitor-interval": "5s",
+    "distributed.scheduler.work-stealing": False,
+}
+
+
 @contextlib.contextmanager
-def backend(name, dask_profiler=True):
+def backend(name, dask_profiler=True, dask_quiet=False):
     """The joblib backend ``name`` with 2 workers (a Dask LocalCluster for the
     dask ones; ``dask_profiler=False``: with the workers' statistical profiler
-    off, see docs/scaling.rst)."""
+    off; ``dask_quiet``: with ``DASK_QUIET``; see docs/scaling.rst)."""
     if not name.startswith("dask"):
         with joblib.parallel_config(backend=name):
             yield
@@ -108,8 +120,8 @@ def backend(name, dask_profiler=True):
     from dask.distributed import Client, LocalCluster
 
     processes = name == "dask-processes"
-    profiler = {"distributed.worker.profile.enabled": dask_profiler}
-    with dask.config.set(profiler), LocalCluster(n_workers=2 if processes else 1,
+    config = {"distributed.worker.profile.enabled": dask_profiler, **(DASK_QUIET if dask_quiet else {})}
+    with dask.config.set(config), LocalCluster(n_workers=2 if processes else 1,
                                                  threads_per_worker=1 if processes else 2, processes=True,
                                                  dashboard_address=None) as cluster, Client(cluster):
         with joblib.parallel_config(backend="dask"):
@@ -170,6 +182,9 @@ def main(argv=None):
     parser.add_argument("--dask-profiler", choices=("on", "off"), default="on",
                         help="the Dask workers' statistical profiler (distributed.worker.profile; default on, "
                              "as Dask has it)")
+    parser.add_argument("--dask-quiet", action="store_true",
+                        help="slow down Dask's periodic work (event-loop tick 1 s, system and memory monitors 5 s, "
+                             "no work stealing; see docs/scaling.rst)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="timed pairs of fits per setting (best is kept); per backend, as many pairs of a "
                              "one-worker and a two-worker fit, whose ratios give the median speed-up")
@@ -195,7 +210,7 @@ def main(argv=None):
     print(f"n_jobs=1              {wall1:7.3f} s/iteration  kernels {kernel1:7.3f} s  "
           f"wall / kernels {wall1 / kernel1:5.3f}", flush=True)
     for name in backends:
-        with backend(name, args.dask_profiler == "on"):
+        with backend(name, args.dask_profiler == "on", args.dask_quiet):
             fit(*warm, n_jobs=2, lbfgs_iter=1, n_iter=args.n_iter)  # start the workers, compile there
             # pairs of fits, n_jobs=1 and 2, minutes apart at most: the
             # ratio within a pair does not see the machine drifting; the
