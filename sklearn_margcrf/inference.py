@@ -246,8 +246,8 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
     is None, except for exact inference, which gets log Z for free.
     With ``check_converged=False`` and an integer ``n_iter``, TRW skips the
     marginals before the last iteration that ``result.converged`` compares
-    with (a fifth of the cost outside the sweeps of a K = 8 truncated
-    gradient), and ``result.converged`` is None.
+    with (8.5 ms of the 91 ms outside the sweeps of a K = 8 float64
+    truncated gradient at 200 x 300), and ``result.converged`` is None.
     Everything is computed in, and returned as, the dtype of ``unary``.
     """
     dtype = unary.dtype.type
