@@ -4,8 +4,9 @@ Each image gradient of a fit (``CRFObjective.image_loss_gradient``, in the
 fitting process for ``n_jobs=1``, in the workers on Dask: patched there by
 ``Client.run``) is timed by the wall clock, by ``time.thread_time`` and by
 ``getrusage`` of its thread. The thread's CPU over its wall time is the
-share of the time it ran; the rest it waited, mostly preempted by other
-threads and processes on the same cores (involuntary context switches).
+share of the time it ran; the rest it waited: preempted by other threads
+and processes on the same cores (involuntary context switches,
+"preemptions"), or for a lock such as the GIL (voluntary ones, "waits").
 On a machine with as many cores as compute threads, that is the cost of
 whatever else runs there: for a Dask ``LocalCluster``, the scheduler, the
 nannies, and the workers' event loops, monitors and statistical profiler
@@ -48,7 +49,7 @@ def _patch():
         after = resource.getrusage(resource.RUSAGE_THREAD)
         records.append((time.perf_counter() - wall, time.thread_time() - cpu, after.ru_utime - before.ru_utime,
                         after.ru_stime - before.ru_stime, after.ru_minflt - before.ru_minflt,
-                        after.ru_nivcsw - before.ru_nivcsw))
+                        after.ru_nivcsw - before.ru_nivcsw, after.ru_nvcsw - before.ru_nvcsw))
         return result
 
     cls.image_loss_gradient = timed
@@ -69,7 +70,7 @@ def _report(name, records):
     wall, cpu = a[:, 0].sum(), a[:, 1].sum()
     print(f"{name:<24} images {len(a):4d}  wall {wall:6.2f} s  thread CPU {cpu:6.2f} s  CPU / wall {cpu / wall:5.3f}  "
           f"user {a[:, 2].sum():6.2f} s  system {a[:, 3].sum():5.2f} s  page faults {a[:, 4].sum():7.0f}  "
-          f"preemptions {a[:, 5].sum():6.0f}", flush=True)
+          f"preemptions {a[:, 5].sum():6.0f}  waits {a[:, 6].sum():6.0f}", flush=True)
     return cpu
 
 

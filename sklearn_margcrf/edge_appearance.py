@@ -185,6 +185,14 @@ def edge_appearance_probabilities(n_nodes, edges, rule="auto"):
     -------
     rho : (E,) float64 array in (0, 1]
     """
+    return kept_probabilities(n_nodes, edges, rule).copy()
+
+
+def kept_probabilities(n_nodes, edges, rule="auto"):
+    """:func:`edge_appearance_probabilities` as kept for the graph: the
+    array itself, to be read, never written (a fit's per-image path copies
+    it into its scratch memory: a fresh (E,) array per image and evaluation
+    took fresh pages under Dask's ``MALLOC_TRIM_THRESHOLD_``)."""
     if rule not in RHO_RULES:
         raise ValueError(f"rho rule must be one of {RHO_RULES}, got {rule!r}")
     if isinstance(n_nodes, (bool, np.bool_)) or not isinstance(n_nodes, numbers.Integral) or n_nodes < 1:
@@ -198,14 +206,15 @@ def edge_appearance_probabilities(n_nodes, edges, rule="auto"):
     key = (rule, n_nodes, n_edges, *_fingerprint(edges.reshape(-1)))
     if key in _CACHE:
         _CACHE.move_to_end(key)
-        return _CACHE[key].copy()
+        return _CACHE[key]
     if rule == "auto":
         rule = "uniform_spanning_tree" if _largest_component(n_nodes, edges) <= MAX_DENSE_NODES else "forest_cover"
     if rule == "uniform_spanning_tree":
         rho = _effective_resistances(n_nodes, edges)[0]
     else:
         rho = np.full(n_edges, 1.0 / _forest_cover_count(n_nodes, edges))
+    rho.flags.writeable = False
     _CACHE[key] = rho
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
-    return rho.copy()
+    return rho

@@ -22,8 +22,8 @@ import numpy as np
 
 from ._graph import check_n_iter, check_positive, validate_model
 from ._warnings import warn_at_caller
-from ._workspace import scratch_full
-from .edge_appearance import RHO_RULES, edge_appearance_probabilities
+from ._workspace import scratch_copy, scratch_full
+from .edge_appearance import RHO_RULES, kept_probabilities
 from .entropy import mean_field_entropy, trw_entropy
 
 __all__ = ["infer", "InferenceResult", "METHODS"]
@@ -95,7 +95,7 @@ def resolve_rho(rho, method, n_nodes, edges):
     if isinstance(rho, str):
         if rho not in RHO_RULES:
             raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}")
-        return edge_appearance_probabilities(n_nodes, edges, rho)
+        return scratch_copy(kept_probabilities(n_nodes, edges, rho))  # per image and evaluation in a fit
     if isinstance(rho, (bool, np.bool_)):
         raise ValueError(f"rho must be a positive float, an (E,) array or one of {RHO_RULES}, got {rho!r}")
     if isinstance(rho, numbers.Real):
