@@ -64,9 +64,9 @@ def test_edge_appearance_probabilities_of_graphs_of_one_size_are_each_their_own(
     rewired = grid.copy()
     rewired[5] = [0, 8]  # another graph of 9 nodes and 12 edges
     swapped = grid[[2, 1, 0, *range(3, len(grid))]]  # the grid, two edges in the other order
-    leaf = grid.copy()
-    leaf[11] = [7, 8]  # a duplicate edge (another multigraph of the same size)
-    graphs = [grid, rewired, swapped, leaf]
+    doubled = grid.copy()
+    doubled[11] = [7, 8]  # edge (5, 8) replaced by a second (7, 8): a multigraph of the same size
+    graphs = [grid, rewired, swapped, doubled]
     expected = [spanning_tree_edge_probabilities(9, g) for g in graphs]
     assert not np.allclose(expected[0], expected[1]) and not np.allclose(expected[0], expected[2])
     for _ in range(2):
