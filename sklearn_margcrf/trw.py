@@ -1487,14 +1487,13 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
             return np.sqrt(M, out=scratch(M.shape, M.dtype))
         return grid.to_slots(planes[1], out=MP)
 
+    head = n_iter - 1 if check else n_iter  # with check, the last iteration after the marginals before it
+    n_fallback = grid_kernels.run(*planes, head, push[:head], snapshots, stack_pow)
     prev = None
     if check:
-        n_fallback = grid_kernels.run(*planes, n_iter - 1, push[:-1], snapshots, stack_pow)
         prev = scratch(mu_u.shape, mu_u.dtype)
         n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), prev)
-        n_fallback += grid_kernels.run(*planes, 1, push[-1:], snapshots, stack_pow)
-    else:
-        n_fallback = grid_kernels.run(*planes, n_iter, push, snapshots, stack_pow)
+        n_fallback += grid_kernels.run(*planes, 1, push[head:], snapshots, stack_pow)
     n_fallback += _unary_marginals(kt, ptr, eu, unary, rho_slot, M, slot_powers(), mu_u)
     converged = check and _max_abs_diff(mu_u, prev) < tol
     return planes, n_iter, converged, n_fallback
