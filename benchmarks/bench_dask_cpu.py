@@ -76,14 +76,8 @@ def _report(name, records):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--horses", type=int, default=16)
-    parser.add_argument("--scale", type=float, default=0.5)
-    parser.add_argument("--data", default=os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "data"))
-    parser.add_argument("--lbfgs-iter", type=int, default=8)
-    parser.add_argument("--n-iter", type=int, default=20)
+    bench_fit.add_fit_arguments(parser, horses=16, lbfgs_iter=8)
     parser.add_argument("--backend", default="dask-processes", choices=bench_fit.BACKENDS)
-    parser.add_argument("--dask-profiler", choices=("on", "off"), default="on")
-    parser.add_argument("--dask-quiet", action="store_true", help="bench_fit.DASK_QUIET")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of n_jobs=1, then 2 workers")
     args = parser.parse_args(argv)
     if args.backend in ("loky", "multiprocessing"):

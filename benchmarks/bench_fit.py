@@ -167,24 +167,30 @@ def iteration_cost(X, y, n_jobs, lbfgs_iter, n_iter, repeat):
     return best
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--horses", type=int, default=None, help="use the first N horse training images")
+def add_fit_arguments(parser, horses=None, lbfgs_iter=6):
+    """The options of a fit on horse images that this benchmark and
+    ``bench_dask_cpu.py`` share."""
+    parser.add_argument("--horses", type=int, default=horses, help="use the first N horse training images")
     parser.add_argument("--data", default=os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "data"))
     parser.add_argument("--scale", type=float, default=0.5, help="horses: downscaling factor (default 0.5)")
-    parser.add_argument("--images", type=int, default=8)
-    parser.add_argument("--height", type=int, default=100)
-    parser.add_argument("--width", type=int, default=150)
-    parser.add_argument("--lbfgs-iter", type=int, default=6)
+    parser.add_argument("--lbfgs-iter", type=int, default=lbfgs_iter)
     parser.add_argument("--n-iter", type=int, default=20)
-    parser.add_argument("--backends", default="loky,threading,dask-processes,dask-threads",
-                        help="comma-separated, among " + ", ".join(BACKENDS))
     parser.add_argument("--dask-profiler", choices=("on", "off"), default="on",
                         help="the Dask workers' statistical profiler (distributed.worker.profile; default on, "
                              "as Dask has it)")
     parser.add_argument("--dask-quiet", action="store_true",
                         help="slow down Dask's periodic work (event-loop tick 1 s, system and memory monitors 5 s, "
                              "no work stealing; see docs/scaling.rst)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_fit_arguments(parser)
+    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--height", type=int, default=100)
+    parser.add_argument("--width", type=int, default=150)
+    parser.add_argument("--backends", default="loky,threading,dask-processes,dask-threads",
+                        help="comma-separated, among " + ", ".join(BACKENDS))
     parser.add_argument("--repeat", type=int, default=1,
                         help="timed pairs of fits per setting (best is kept); per backend, as many pairs of a "
                              "one-worker and a two-worker fit, whose ratios give the median speed-up")
@@ -238,8 +244,11 @@ def main(argv=None):
 
 def _spread(ratios):
     """Median, range and values of speed-ups, for the report."""
-    return (f"speed-up median {np.median(ratios):5.2f}x, range {min(ratios):5.2f}-{max(ratios):5.2f}x "
-            f"({' '.join(f'{r:.2f}' for r in ratios)})")
+    spread = (f"speed-up median {np.median(ratios):5.2f}x, range {min(ratios):5.2f}-{max(ratios):5.2f}x "
+              f"({' '.join(f'{r:.2f}' for r in ratios)})")
+    if min(ratios) <= 0:  # a long fit's iterations took less than the start-up's noise
+        spread += " [meaningless: the iterations are too short at this size; raise --lbfgs-iter]"
+    return spread
 
 if __name__ == "__main__":
     main()
