@@ -188,6 +188,21 @@ class MeanFieldState:
         _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self._inc_node, self.unary, self.pairwise,
                            mu, n_sweeps, self.tol, False, self._stack_rev, save_slot, self._skewed)
 
+    def _advance(self, work, load, n_sweeps, save_slot):
+        """An "advance" of the checkpoint plan: ``n_sweeps`` iterations from
+        the snapshot in slot ``load`` (``load < 0``: from where the last
+        advance ended, in ``work``), keeping the snapshots of ``save_slot``.
+        On a grid the marginals stay skewed from one advance to the next
+        (``work`` unused)."""
+        inc = self.incidence
+        on_grid = self._skewed[2].shape[0] > 0
+        if load >= 0 and on_grid:
+            _load_snapshot(self._skewed[2], self._stack_rev[load])
+        elif load >= 0:
+            work[...] = self._stack_rev[load, ::-1]
+        _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self._inc_node, self.unary, self.pairwise,
+                           work, n_sweeps, self.tol, False, self._stack_rev, save_slot, self._skewed, on_grid)
+
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
         (node j -> n-1-j, edge e -> E-1-e), built once and cached."""
@@ -335,7 +350,7 @@ def _push_snapshot(mu, stack_rev, slot):
 
 @njit(cache=True, nogil=True)
 def _mf_forward_kernel(ptr, inc_edge, inc_side, inc_node, unary, pairwise, mu,
-                       n_sweeps, tol, stop_on_tol, stack_rev, save_slot, skewed):
+                       n_sweeps, tol, stop_on_tol, stack_rev, save_slot, skewed, resume=False):
     """Run up to ``n_sweeps`` sequential mean-field iterations on ``mu`` in place.
 
     Algorithm "Back Mean Field", step 2: for every iteration t and node
@@ -349,21 +364,24 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, inc_node, unary, pairwise, mu,
     memory. On a grid (``skewed`` from :func:`_skewed_model`, else arrays
     of size 0) the iterations run diagonal by diagonal (:func:`_grid_sweep`)
     on the skewed marginals: the same updates, their exps within an ulp.
+    With ``resume`` the marginals are those that the skewed arrays hold
+    (where the last call left them, or :func:`_load_snapshot`), and stay
+    there; ``mu`` then only gives the shape.
 
     Returns (iterations run, largest |change| of a marginal in the last one).
     """
     n, k_states = mu.shape
     U, T, M, F, acc, X, bits = skewed
     on_grid = M.shape[0] > 0
-    if on_grid:
-        _skew_marginals(mu, M, False)
+    if on_grid and not resume:
+        _skew_copy(M, mu, False, False)
     field = np.empty(k_states, dtype=mu.dtype)
     change = mu.dtype.type(np.inf)
     keep = save_slot.shape[0] > 0
     done = 0
     for t in range(n_sweeps + 1):
         if keep and save_slot[t] >= 0 and on_grid:
-            _push_skewed(M, stack_rev, save_slot[t])
+            _skew_copy(M, stack_rev[save_slot[t]], True, True)
         elif keep and save_slot[t] >= 0:
             _push_snapshot(mu, stack_rev, save_slot[t])
         if t == n_sweeps or (t > 0 and stop_on_tol and change < tol):
@@ -385,8 +403,8 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, inc_node, unary, pairwise, mu,
                 if d > change:
                     change = d
         done = t + 1
-    if on_grid:
-        _skew_marginals(mu, M, True)
+    if on_grid and not resume:
+        _skew_copy(M, mu, True, False)
     return done, change
 
 
@@ -459,30 +477,27 @@ def _skew_model(H, W, unary, pairwise, U, T):
                     T[1, x, y, q, p] = pairwise[up, x, y] if node and r > 0 else zero
 
 
-@njit(cache=True, nogil=True)
-def _skew_marginals(mu, M, back):
-    """``M[x, r + c + 2, r + 1] = mu[r W + c, x]``, or back into ``mu``."""
-    H = M.shape[2] - 2
-    W = mu.shape[0] // H
-    for r in range(H):
-        for c in range(W):
-            for x in range(mu.shape[1]):
-                if back:
-                    mu[r * W + c, x] = M[x, r + c + 2, r + 1]
-                else:
-                    M[x, r + c + 2, r + 1] = mu[r * W + c, x]
-
-
 @njit(cache=True, nogil=True, inline="always")
-def _push_skewed(M, stack_rev, slot):
-    """:func:`_push_snapshot` from the skewed marginals."""
+def _skew_copy(M, flat, to_flat, reversed_nodes):
+    """``M[x, r + c + 2, r + 1]`` to or from ``flat[j, x]``, j = r W + c
+    (``n - 1 - j`` with ``reversed_nodes``: a snapshot of the stack)."""
     H = M.shape[2] - 2
-    n = stack_rev.shape[1]
+    n = flat.shape[0]
     W = n // H
     for r in range(H):
         for c in range(W):
+            j = n - 1 - r * W - c if reversed_nodes else r * W + c
             for x in range(M.shape[0]):
-                stack_rev[slot, n - 1 - r * W - c, x] = M[x, r + c + 2, r + 1]
+                if to_flat:
+                    flat[j, x] = M[x, r + c + 2, r + 1]
+                else:
+                    M[x, r + c + 2, r + 1] = flat[j, x]
+
+
+@njit(cache=True, nogil=True)
+def _load_snapshot(M, snapshot):
+    """The skewed marginals from a snapshot of the stack (reversed node order)."""
+    _skew_copy(M, snapshot, False, True)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -915,9 +930,7 @@ def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
     for step in plan.steps if plan is not None else ():
         if step[0] == "advance":
             _, load, n_sweeps, store = step
-            if load >= 0:
-                work[...] = buffer[load, ::-1]
-            state._sweeps(work, n_sweeps, _saves(np.full(n_sweeps, -1), plan.work_slot if store < 0 else store))
+            state._advance(work, load, n_sweeps, _saves(np.full(n_sweeps, -1), plan.work_slot if store < 0 else store))
         else:
             slots = step[1]
             # runs of consecutive slots, last first, in one call each
