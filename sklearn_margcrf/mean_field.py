@@ -181,12 +181,13 @@ class MeanFieldState:
             self._pairwise_marginals = _outer_marginals(self.edges, self.unary_marginals)
         return self._pairwise_marginals
 
-    def _sweeps(self, mu, n_sweeps, save_slot):
+    def _sweeps(self, mu, n_sweeps, save_slot, resume=False):
         """Recompute ``n_sweeps`` forward iterations of this model from ``mu``
-        (in place), keeping the snapshots of ``save_slot`` in the buffer."""
+        (in place), keeping the snapshots of ``save_slot`` in the buffer;
+        ``resume``: see :func:`_mf_forward_kernel`."""
         inc = self.incidence
         _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self._inc_node, self.unary, self.pairwise,
-                           mu, n_sweeps, self.tol, False, self._stack_rev, save_slot, self._skewed)
+                           mu, n_sweeps, self.tol, False, self._stack_rev, save_slot, self._skewed, resume)
 
     def _advance(self, work, load, n_sweeps, save_slot):
         """An "advance" of the checkpoint plan: ``n_sweeps`` iterations from
@@ -194,14 +195,12 @@ class MeanFieldState:
         advance ended, in ``work``), keeping the snapshots of ``save_slot``.
         On a grid the marginals stay skewed from one advance to the next
         (``work`` unused)."""
-        inc = self.incidence
         on_grid = self._skewed[2].shape[0] > 0
         if load >= 0 and on_grid:
             _load_snapshot(self._skewed[2], self._stack_rev[load])
         elif load >= 0:
             work[...] = self._stack_rev[load, ::-1]
-        _mf_forward_kernel(inc.ptr, inc.edge, inc.side, self._inc_node, self.unary, self.pairwise,
-                           work, n_sweeps, self.tol, False, self._stack_rev, save_slot, self._skewed, on_grid)
+        self._sweeps(work, n_sweeps, save_slot, resume=on_grid)
 
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
@@ -429,7 +428,7 @@ def _mf_forward_kernel(ptr, inc_edge, inc_side, inc_node, unary, pairwise, mu,
 # float32 8.61 / 5.74; K = 8 in float64 10.2 / 12.2 (slower: beyond 200 bytes
 # per table the diagonals' K x K passes over their lanes cost more than they
 # save, and the skewed tables, 40% larger than the edges' and built at each
-# forward pass, 54 ms at K = 8, cost more still). The node-by-node updates keep
+# forward pass, 54 ms at K = 8 with the first builder, cost more still). The node-by-node updates keep
 # numpy's exp: the polynomial of trw._exp_nonpositive in a scalar chain made
 # them 1.4-1.7 times slower.
 # ---------------------------------------------------------------------------
