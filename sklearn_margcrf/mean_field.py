@@ -194,13 +194,14 @@ class MeanFieldState:
         the snapshot in slot ``load`` (``load < 0``: from where the last
         advance ended, in ``work``), keeping the snapshots of ``save_slot``.
         On a grid the marginals stay skewed from one advance to the next
-        (``work`` unused)."""
+        (``work`` is None; the kernel reads only the shape of the marginals
+        it is handed)."""
         on_grid = self._skewed[2].shape[0] > 0
         if load >= 0 and on_grid:
             _load_snapshot(self._skewed[2], self._stack_rev[load])
         elif load >= 0:
             work[...] = self._stack_rev[load, ::-1]
-        self._sweeps(work, n_sweeps, save_slot, resume=on_grid)
+        self._sweeps(self.initial_marginals if on_grid else work, n_sweeps, save_slot, resume=on_grid)
 
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
@@ -855,8 +856,10 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
     inc = incidence(n_nodes, edges)
     inc_node = _other_ends(edges, inc)
     # the grid sweep where it is faster: up to 200 bytes per table (K <= 5 in
-    # float64, K <= 7 in float32; measured above _skewed_model)
-    shape = grid_shape(n_nodes, edges) if edges.shape[0] and n_states ** 2 * dtype.itemsize <= 200 else None
+    # float64, K <= 7 in float32; measured above _skewed_model); its arrays
+    # are not built for a pass of no iteration
+    on_grid = n_iter != 0 and edges.shape[0] and n_states ** 2 * dtype.itemsize <= 200
+    shape = grid_shape(n_nodes, edges) if on_grid else None
     skewed = _no_grid(dtype) if shape is None else _skewed_model(*shape, unary, pairwise)
     snapshot_bytes = n_nodes * n_states * dtype.itemsize
 
@@ -939,7 +942,8 @@ def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
         if state._buffer_reused:  # a previous backward wrote over snapshots: keep them again
             state._sweeps(scratch_copy(state.initial_marginals), state.n_iter, _saves(plan.forward_slots))
         state._buffer_reused = True
-        work = scratch(state.initial_marginals.shape, buffer.dtype)  # the work slot's marginals, in order
+        # the work slot's marginals in node order (on a grid they stay skewed: see MeanFieldState._advance)
+        work = None if state._skewed[2].shape[0] else scratch(state.initial_marginals.shape, buffer.dtype)
     for step in plan.steps if plan is not None else ():
         if step[0] == "advance":
             _, load, n_sweeps, store = step
