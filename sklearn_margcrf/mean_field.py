@@ -194,14 +194,13 @@ class MeanFieldState:
         the snapshot in slot ``load`` (``load < 0``: from where the last
         advance ended, in ``work``), keeping the snapshots of ``save_slot``.
         On a grid the marginals stay skewed from one advance to the next
-        (``work`` is None; the kernel reads only the shape of the marginals
-        it is handed)."""
+        (``work`` unused)."""
         on_grid = self._skewed[2].shape[0] > 0
         if load >= 0 and on_grid:
             _load_snapshot(self._skewed[2], self._stack_rev[load])
         elif load >= 0:
             work[...] = self._stack_rev[load, ::-1]
-        self._sweeps(self.initial_marginals if on_grid else work, n_sweeps, save_slot, resume=on_grid)
+        self._sweeps(work, n_sweeps, save_slot, resume=on_grid)
 
     def _reversed(self):
         """(edges, pairwise, incidence) of the graph relabelled in reverse
@@ -942,8 +941,7 @@ def _reverse_truncated(state, mu_r, gmu_r, g_unary_r, g_pairwise_r):
         if state._buffer_reused:  # a previous backward wrote over snapshots: keep them again
             state._sweeps(scratch_copy(state.initial_marginals), state.n_iter, _saves(plan.forward_slots))
         state._buffer_reused = True
-        # the work slot's marginals in node order (on a grid they stay skewed: see MeanFieldState._advance)
-        work = None if state._skewed[2].shape[0] else scratch(state.initial_marginals.shape, buffer.dtype)
+        work = scratch(state.initial_marginals.shape, buffer.dtype)  # the work slot's marginals, in order
     for step in plan.steps if plan is not None else ():
         if step[0] == "advance":
             _, load, n_sweeps, store = step
