@@ -234,17 +234,28 @@ def build_grid_tables(kt, pairwise, rho, H, W, T_h, T_v, per_block, block, bits)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _row_sum(K, backward, d, R, T, a, x, l):
-    """Entry ``[a, d, x, l]`` of :func:`build_row_sums`, from ``R`` when it
-    was built (more than two labels), else summed here: with two labels a
-    row sum is one addition, and not keeping them spares 2 E K values (3.8 MB
-    at 200 x 300 in float64, which keeps ``checkpoints=14`` at 200 iterations
-    within 100 MB)."""
-    if R.shape[0] > 0:
-        return R[a, d, x, l]
-    if backward:
-        return T[a, 0, x, l] + T[a, 1, x, l]
-    return T[a, x, 0, l] + T[a, x, 1, l]
+def _add_row_terms(first, summed, Lw, c, u, v, z):
+    """A sender label's term in a line's normalisers: ``z[l] = c[l] * row``
+    (``first``), else ``z[l] += c[l] * row``, where ``row`` is ``u[l] + v[l]``
+    (``summed``) or ``u[l]``. The row sums come from :func:`build_row_sums`
+    (more than two labels: ``u``, a line of ``R``) or are summed here from a
+    table's two lines ``u``, ``v``: with two labels a row sum is one
+    addition, and not keeping them spares 2 E K values (3.8 MB at 200 x 300
+    in float64, which keeps ``checkpoints=14`` at 200 iterations within
+    100 MB). The branches stay outside the lane loops."""
+    if summed:
+        if first:
+            for l in range(Lw):
+                z[l] = c[l] * (u[l] + v[l])
+        else:
+            for l in range(Lw):
+                z[l] += c[l] * (u[l] + v[l])
+    elif first:
+        for l in range(Lw):
+            z[l] = c[l] * u[l]
+    else:
+        for l in range(Lw):
+            z[l] += c[l] * u[l]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -541,11 +552,15 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
                 dot[l] += abs(rv[x, l])
         # (a) s = tab * A(x_u), and its sum Z
         _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode)
-        for l in range(Lw):
-            z[l] = cav[0, l] * _row_sum(K, backward, d, R, T, a, 0, l)
-        for x in range(1, K):
-            for l in range(Lw):
-                z[l] += cav[x, l] * _row_sum(K, backward, d, R, T, a, x, l)
+        kept = R.shape[0] > 0  # the row sums (more than two labels)
+        for x in range(K):
+            if kept:
+                u = v = R[a, d, x]
+            elif backward:
+                u, v = T[a, 0, x], T[a, 1, x]
+            else:
+                u, v = T[a, x, 0], T[a, x, 1]
+            _add_row_terms(x == 0, not kept, Lw, cav[x], u, v, z)
         n_bad = 0
         for l in range(Lw):
             if z[l] > tiny and z[l] < huge and dot[l] < huge:
@@ -566,11 +581,13 @@ def _reverse_phase(kt, backward, restore, Mo, Po, Xx, Mx, flat_M, snap_o, snap_p
                 # the table's and the adjoints' memory order (see _message_line);
                 # each h[x_u] gets its terms in the order of x_v either way
                 xv, xu = (outer, inner) if backward else (inner, outer)
-                gi = xv * K + xu if backward else xu * K + xv
+                # the lines chosen before the lane loop, which then has no branch
+                tab, gp = (T[a, xv, xu], GP[a, xv * K + xu]) if backward else (T[a, xu, xv], GP[a, xu * K + xv])
+                c, r, hu = cav[xu], rv[xv], h[xu]
                 for l in range(Lw):
-                    val = cav[xu, l] * (T[a, xv, xu, l] if backward else T[a, xu, xv, l]) * inv[l] * rv[xv, l]
-                    GP[a, gi, l] += val
-                    h[xu, l] += val
+                    val = c[l] * tab[l] * inv[l] * r[l]
+                    gp[l] += val
+                    hu[l] += val
         for b in range(n_bad):
             l = bad[b]
             _log_joint_at(K, backward, a, l, snd, geometry, slot_of, ptr, rho_slot, RHOo[rcv, pt, l], unary,
@@ -624,18 +641,21 @@ def grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
     Mh, Mv = _views(M, H, W, K)
     Ph, Pv = _views(P, H, W, K)
     Vh, Hv = _views(X, H, W, K)
-    n = _phase(kt, False, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
-               unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Ph, _BEFORE, Hv)
-    n += _phase(kt, False, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
-                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Pv, _BEFORE, Vh)
-    n += _phase(kt, True, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
-                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Pv, _AFTER, Vh)
-    n += _phase(kt, True, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
-                unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Ph, _AFTER, Hv)
+    n = 0
+    for phase in range(4):
+        # computed at run time: a literal True / False would compile _phase
+        # twice, once per sweep (each compilation of the line kernels takes
+        # seconds; they are compiled for every dtype, label and rho class)
+        backward = phase >= 2
+        written = _AFTER if backward else _BEFORE
+        if phase == 0 or phase == 3:  # the horizontal family
+            n += _phase(kt, backward, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
+                        unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+            _transpose_plane(rho_token, Ph, written, Hv)
+        else:
+            n += _phase(kt, backward, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
+                        unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
+            _transpose_plane(rho_token, Pv, written, Vh)
     return n
 
 
@@ -671,22 +691,19 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, X, snap, snap_pow, eu_h, eu_v, T
         SPh, SPv = _views(snap_pow, H, W, K)
     else:
         SPh, SPv = Sh[:0], Sv[:0]
-    _reverse_phase(kt, True, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
-                   Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
-                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Ph, _AFTER, Hv)
-    _reverse_phase(kt, True, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
-                   Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
-                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Pv, _AFTER, Vh)
-    _reverse_phase(kt, False, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
-                   Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
-                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Pv, _BEFORE, Vh)
-    _reverse_phase(kt, False, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
-                   Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
-                   adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-    _transpose_plane(rho_token, Ph, _BEFORE, Hv)
+    for phase in range(4):  # grid_sweep's phases in reverse
+        backward = phase < 2  # at run time, as in grid_sweep
+        restored = _AFTER if backward else _BEFORE
+        if phase == 0 or phase == 3:
+            _reverse_phase(kt, backward, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
+                           Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                           adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+            _transpose_plane(rho_token, Ph, restored, Hv)
+        else:
+            _reverse_phase(kt, backward, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
+                           Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
+                           adjoint_scratch, adjoint_held, bad, loc, cav1, q)
+            _transpose_plane(rho_token, Pv, restored, Vh)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -814,7 +831,7 @@ class GridKernels:
                 np.sqrt(M, out=self.powers)
             _transpose_all(self.rho_token, g.height, g.width, powers, self.transposed)
             self._transposed_of = P
-        if self.row_sums is None and self.K == 2:  # summed where read (see _row_sum)
+        if self.row_sums is None and self.K == 2:  # summed where read (see _add_row_terms)
             self.row_sums = (np.empty((0, 2, 2, 0), self.dtype),) * 2
         elif self.row_sums is None:
             self.row_sums = (scratch((g.width - 1, 2, self.K, g.height), self.dtype),
