@@ -54,7 +54,7 @@ def run_case(name):
         def call():
             loss_and_grad(edges, unary, pairwise, labels, inference=inference, n_iter=20)
     else:
-        # the quick start's fit: features of one value per pixel and edge
+        # a small fit: two images, two node features and one edge feature
         X = [(rng.normal(size=(height * width, 2)), edges, np.ones((len(edges), 1))) for _ in range(2)]
         y = [rng.integers(0, K, size=height * width) for _ in range(2)]
 
