@@ -58,6 +58,7 @@ from .trw import (
     _log_joint_of_cavity,
     _message_entry,
     _pairwise_top,
+    _push,
     _rare_adjoint_terms,
     _table_block,
     table_blocks,
@@ -716,9 +717,7 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, X, eu_h, eu_v, T
     n_fallback = 0
     for it in range(n_sweeps):
         if push_slot[it] >= 0:
-            stack[push_slot[it]] = M
-            if stack_pow.shape[0] > 0:
-                stack_pow[push_slot[it]] = P
+            _push(stack, stack_pow, push_slot[it], M, P)
         n_fallback += grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token, geometry_h,
                                  geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch, bad, loc,
                                  cav1, q)
@@ -729,11 +728,14 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, X, eu_h, eu_v, T
 def _forward_tables(T_h, T_v, H, W, tabs):
     """``tabs[c, x_i, x_j]``, the forward-sweep tables of the slot kernels."""
     n_h = H * (W - 1)
+    K = tabs.shape[1]
     for c in range(tabs.shape[0]):
-        if c < n_h:
-            tabs[c] = T_h[c % (W - 1), :, :, c // (W - 1)]
-        else:
-            tabs[c] = T_v[(c - n_h) // W, :, :, (c - n_h) % W]
+        for xi in range(K):  # loops, not an array assignment (see trw._copy_into)
+            for xj in range(K):
+                if c < n_h:
+                    tabs[c, xi, xj] = T_h[c % (W - 1), xi, xj, c // (W - 1)]
+                else:
+                    tabs[c, xi, xj] = T_v[(c - n_h) // W, xi, xj, (c - n_h) % W]
 
 
 _JOIN_TILE = 16

@@ -115,10 +115,9 @@ def _forest_cover_count(n_nodes, edges):
         if not placed:
             if n_forests == parents.shape[0]:
                 grown = np.empty((2 * n_forests, n_nodes), dtype=np.int64)
-                grown[:n_forests] = parents
-                for f in range(n_forests, 2 * n_forests):
+                for f in range(2 * n_forests):  # a loop: see trw._copy_into
                     for v in range(n_nodes):
-                        grown[f, v] = v
+                        grown[f, v] = parents[f, v] if f < n_forests else v
                 parents = grown
             f = n_forests
             n_forests += 1

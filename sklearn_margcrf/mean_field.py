@@ -87,7 +87,7 @@ from ._trw_grid import grid_shape
 from ._warnings import warn_at_caller
 from ._workspace import scratch, scratch_copy, scratch_full
 from .exceptions import BackpropDivergenceError
-from .trw import _exp_nonpositive, _label_token
+from .trw import _exp_nonpositive, _label_token, _writable
 
 __all__ = ["MeanFieldState", "mean_field_forward", "mean_field_backward"]
 
@@ -847,9 +847,10 @@ def _mean_field_forward(edges, unary, pairwise, n_iter, tol, max_iter, keep_stac
                         budget, start=None):
     """:func:`mean_field_forward` with the stack memory budget as an argument."""
     dtype = _compute_dtype(unary)
-    edges = np.ascontiguousarray(edges, dtype=np.int64).reshape(-1, 2)
-    unary = np.ascontiguousarray(unary, dtype=dtype)
-    pairwise = np.ascontiguousarray(pairwise, dtype=dtype)
+    # read-only input copied (trw._writable): one compiled signature per kernel
+    edges = _writable(edges, np.int64).reshape(-1, 2)
+    unary = _writable(unary, dtype)
+    pairwise = _writable(pairwise, dtype)
     n_nodes, n_states = unary.shape
     if pairwise.size == 0:
         pairwise = pairwise.reshape(edges.shape[0], n_states, n_states)

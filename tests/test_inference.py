@@ -85,6 +85,36 @@ def test_forest_cover_rule_is_valid_and_half_on_grids():
         assert is_dominated_by_spanning_tree_polytope(n, edges, rho)
 
 
+def first_fit_forest_count(edges):
+    """The forest-cover rule's count, by sets: each edge into the first
+    forest where it joins two trees, a new forest when none."""
+    forests = []  # per forest: node -> its tree (a shared set)
+    for a, b in edges:
+        for trees in forests:
+            ta, tb = trees.setdefault(a, {a}), trees.setdefault(b, {b})
+            if ta is not tb:
+                ta |= tb
+                for v in tb:
+                    trees[v] = ta
+                break
+        else:
+            joined = {a, b}
+            forests.append({a: joined, b: joined})
+    return len(forests)
+
+
+@pytest.mark.parametrize("n_nodes", [5, 12])
+def test_forest_cover_rule_counts_first_fit_forests(n_nodes):
+    """rho = 1 / the number of forests of a first-fit split, on complete
+    graphs: 12 nodes need 11 forests in this order (the rule's union-find
+    starts with room for 4 and grows), and rho stays in the polytope."""
+    edges = np.array(list(itertools.combinations(range(n_nodes), 2)))
+    for order in (edges, edges[::-1], edges[RNG.permutation(len(edges))]):
+        rho = edge_appearance_probabilities(n_nodes, order, "forest_cover")
+        np.testing.assert_array_equal(rho, 1 / first_fit_forest_count(order.tolist()))
+        assert is_dominated_by_spanning_tree_polytope(n_nodes, order, rho)
+
+
 def test_default_rho_is_one_on_trees_and_forests():
     edges = random_tree_edges(30, RNG)
     for rule in ("auto", "uniform_spanning_tree", "forest_cover"):
