@@ -730,12 +730,13 @@ def _forward_tables(T_h, T_v, H, W, tabs):
     n_h = H * (W - 1)
     K = tabs.shape[1]
     for c in range(tabs.shape[0]):
+        if c < n_h:
+            T, a, l = T_h, c % (W - 1), c // (W - 1)
+        else:
+            T, a, l = T_v, (c - n_h) // W, (c - n_h) % W
         for xi in range(K):  # loops, not an array assignment (see trw._copy_into)
             for xj in range(K):
-                if c < n_h:
-                    tabs[c, xi, xj] = T_h[c % (W - 1), xi, xj, c // (W - 1)]
-                else:
-                    tabs[c, xi, xj] = T_v[(c - n_h) // W, xi, xj, (c - n_h) % W]
+                tabs[c, xi, xj] = T[a, xi, xj, l]
 
 
 _JOIN_TILE = 16
