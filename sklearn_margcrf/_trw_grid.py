@@ -28,11 +28,11 @@ in the phase's own orientation, which each phase refreshes for the plane it
 wrote (:func:`_transpose_plane`); its adjoints are updated after the phase,
 in their own order. At the image border the absent neighbour's message is 1,
 and so is its power: a product then skips it exactly, and ``rho log 1 = 0``
-in the log domain. The powers have planes of their own for a general rho,
-and for rho = 1/2 with more than two labels (``_RHO_HALF_PLANES``: the
-square root once per message written); for rho = 1/2 and two labels the
-square roots are taken where the messages are read, and as the transposed
-copy is refreshed (see :class:`GridKernels`). The inverses of the
+in the log domain. The powers have planes of their own for a general rho
+and for rho = 1/2 (``_RHO_HALF_PLANES``: the square root once per message
+written); for rho = 1 they are the messages. (Two labels with rho 1/2 or 1
+run :mod:`sklearn_margcrf._trw_grid_binary` instead: one number per
+message, see :class:`GridKernels`.) The inverses of the
 messages, which the slot kernels keep, are computed where they are read
 (``1 / m``, the same rounding), which spares their planes' memory and
 traffic. One flat buffer holds the four planes (horizontal, then vertical).
@@ -290,8 +290,8 @@ def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode):
     for x in range(K):
         for l in range(Lw):
             v = eu_o[snd, x, l] * (one / Mo[snd, pr, x, l])
-            oa = _power(rho_mode, Po[snd, _AFTER, x, l])
-            ob = _power(rho_mode, Po[snd, _BEFORE, x, l])
+            oa = Po[snd, _AFTER, x, l]
+            ob = Po[snd, _BEFORE, x, l]
             xa = Xx[snd, _AFTER, x, l]
             xb = Xx[snd, _BEFORE, x, l]
             if own_first:  # vertical family: own planes are U, D
@@ -301,23 +301,13 @@ def _cavity_line(K, own_first, pr, snd, eu_o, Mo, Po, Xx, cav, one, rho_mode):
             cav[x, l] = v
 
 
-@njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _power(rho_mode, stored):
-    """A message's power ``m ** rho`` from the power planes, which are the
-    message planes themselves for rho = 1 and for ``_RHO_HALF``: the square
-    root is computed where it is read (as the slot kernels store it), which
-    spares a plane's memory and traffic per message (and keeps
-    ``checkpoints=14`` at 200 iterations, K = 2, float64, within 100 MB)."""
-    return math.sqrt(stored) if rho_mode == _RHO_HALF else stored
-
-
 # the side of the square tiles of _transpose_plane
 _TILE = 32
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _transpose_plane(rho_token, P, p, X):
-    """``X[l, p, x, a] = P[a, p, x, l] ** rho``: plane ``p`` of a family's powers
+def _transpose_plane(P, p, X):
+    """``X[l, p, x, a] = P[a, p, x, l]``: plane ``p`` of a family's powers
     into the other family's orientation, where that family's cavities read
     them along their lines. Copied tile by tile (``_TILE`` entries square),
     so that reads and writes both run along rows of whole cache lines: read
@@ -330,7 +320,6 @@ def _transpose_plane(rho_token, P, p, X):
     Each tile row goes through 1-D views (200 x 300 plane, K = 8, alone:
     0.18 ms against 0.36 in float32, 0.22 against 0.39 in float64; within a
     sweep, where the planes are cold, 0.52-0.63 ms against 0.63-0.75)."""
-    rho_mode = len(rho_token)  # a constant (see GridKernels.rho_token)
     A = P.shape[0]
     K = P.shape[2]
     L = P.shape[3]
@@ -345,7 +334,7 @@ def _transpose_plane(rho_token, P, p, X):
                     source = P[a0:a1, p, x, l]
                     target = X[l, p, x, a0:a1]
                     for i in range(a1 - a0):
-                        target[i] = _power(rho_mode, source[i])
+                        target[i] = source[i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -652,16 +641,16 @@ def grid_sweep(kt, H, W, M, P, X, eu_h, eu_v, T_h, T_v, rho_h, rho_v, rho_token,
         if phase == 0 or phase == 3:  # the horizontal family
             n += _phase(kt, backward, Mh, Ph, Vh, M, eu_h, T_h, rho_h, rho_token, geometry_h, slot_of, ptr, rho_slot,
                         unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-            _transpose_plane(rho_token, Ph, written, Hv)
+            _transpose_plane(Ph, written, Hv)
         else:
             n += _phase(kt, backward, Mv, Pv, Hv, M, eu_v, T_v, rho_v, rho_token, geometry_v, slot_of, ptr, rho_slot,
                         unary, pairwise, slot_pos, scratch, bad, loc, cav1, q)
-            _transpose_plane(rho_token, Pv, written, Vh)
+            _transpose_plane(Pv, written, Vh)
     return n
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _transpose_all(rho_token, H, W, P, X):
+def _transpose_all(H, W, P, X):
     """``X``: the vertical family's powers in the horizontal family's layout
     (``[c, p, x, r]``, first half), the horizontal family's in the vertical
     one's (``[r, p, x, c]``, second half)."""
@@ -669,8 +658,8 @@ def _transpose_all(rho_token, H, W, P, X):
     Ph, Pv = _views(P, H, W, K)
     Vh, Hv = _views(X, H, W, K)
     for p in range(2):
-        _transpose_plane(rho_token, Ph, p, Hv)
-        _transpose_plane(rho_token, Pv, p, Vh)
+        _transpose_plane(Ph, p, Hv)
+        _transpose_plane(Pv, p, Vh)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -699,12 +688,12 @@ def grid_reverse_sweep(kt, H, W, restore, M, P, X, snap, snap_pow, eu_h, eu_v, T
             _reverse_phase(kt, backward, restore, Mh, Ph, Vh, Mv, M, Sh, SPh, eu_h, T_h, R_h, rho_h, rho_v, rho_token,
                            Ah, Av, GP_h, g_u, geometry_h, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                            adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-            _transpose_plane(rho_token, Ph, restored, Hv)
+            _transpose_plane(Ph, restored, Hv)
         else:
             _reverse_phase(kt, backward, restore, Mv, Pv, Hv, Mh, M, Sv, SPv, eu_v, T_v, R_v, rho_v, rho_h, rho_token,
                            Av, Ah, GP_v, g_u, geometry_v, slot_of, ptr, rho_slot, unary, pairwise, slot_pos, scratch,
                            adjoint_scratch, adjoint_held, bad, loc, cav1, q)
-            _transpose_plane(rho_token, Pv, restored, Vh)
+            _transpose_plane(Pv, restored, Vh)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -713,7 +702,7 @@ def _run(kt, n_sweeps, push_slot, stack, stack_pow, H, W, M, P, X, eu_h, eu_v, T
     """``n_sweeps`` iterations; before iteration ``it`` the messages (and
     powers) are kept in ``stack[push_slot[it]]`` when that is >= 0. ``X``:
     room for the transposed powers."""
-    _transpose_all(rho_token, H, W, P, X)
+    _transpose_all(H, W, P, X)
     n_fallback = 0
     for it in range(n_sweeps):
         if push_slot[it] >= 0:
@@ -771,17 +760,22 @@ class GridKernels:
         self.kt, self.K, self.dtype = label_token, K, dtype
         # the rho class as the length of a tuple, like the label token: a
         # compile-time constant, so each class gets branch-free loops. For
-        # rho = 1/2 and more than two labels, the kernels keep power planes of
-        # their own (``powers``, sqrt of the caller's message planes, which
-        # are also its power planes): the square roots once per message
-        # written rather than in the four cavities that read it. Measured
-        # (200 x 300, 20 iterations, float64, loss_and_grad, processes
-        # alternating): K = 8 1.30-1.32 s against 1.36-1.40 s without; at
-        # K = 2 their memory costs more than they save (checkpoints=14 at 200
-        # iterations: 112 MB against 97, beyond the 100 MB of issue 32).
+        # rho = 1/2 the kernels keep power planes of their own (``powers``,
+        # sqrt of the caller's message planes, which are also its power
+        # planes): the square roots once per message written rather than in
+        # the four cavities that read it. Measured (200 x 300, 20 iterations,
+        # float64, loss_and_grad, processes alternating): K = 8 1.30-1.32 s
+        # against 1.36-1.40 s without. (Two labels run _trw_grid_binary.)
         self.rho_mode = rho_mode
-        keeps_powers = rho_mode == _RHO_HALF and K > 2
-        self.rho_token = (0,) * (_RHO_HALF_PLANES if keeps_powers else rho_mode)
+        # two labels, rho 1/2 or 1: the iterations keep one number per
+        # message (sklearn_margcrf._trw_grid_binary); the state's planes and
+        # snapshots are those numbers, converted for the backward pass
+        from . import _trw_grid_binary as binary
+
+        self.binary_token = binary.rho_token_of(rho_mode) if K == 2 else None
+        keeps_powers = rho_mode == _RHO_HALF and not self.binary
+        # (no line kernels run for two labels with rho 1/2 or 1: no rho class of theirs)
+        self.rho_token = None if self.binary else (0,) * (_RHO_HALF_PLANES if keeps_powers else rho_mode)
         self.powers = scratch(self.grid.size, dtype) if keeps_powers else None
         self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
         node_planes = eu.reshape(H, W, K)
@@ -790,13 +784,20 @@ class GridKernels:
         self.T_h = scratch((W - 1, K, K, H), dtype)
         self.T_v = scratch((H - 1, K, K, W), dtype)
         build_grid_tables(label_token, pairwise, rho, H, W, self.T_h, self.T_v, *table_blocks(K))
+        lanes = max(H, W)
+        self.transposed = scratch(self.plane_size, dtype)  # the powers transposed (_transpose_all)
+        self._transposed_of = None  # the power planes that ``transposed`` holds, transposed
+        if self.binary:
+            self.q_slot_pos = Grid(H, W, slot_edge, slot_side, 1).slot_pos
+            self.E_h, self.E_v = binary.unary_ratios(self.eu_h), binary.unary_ratios(self.eu_v)
+            self.lines = np.empty((2, lanes), dtype)
+            return
         # the rho of each message, [c, p, r] and [r, p, c] (absent neighbours: 1)
         n_h = H * (W - 1)
         self.rho_h = scratch_full((W, 2, H), 1, dtype)
         self.rho_h[1:, _BEFORE] = self.rho_h[:-1, _AFTER] = rho[:n_h].reshape(H, W - 1).T
         self.rho_v = scratch_full((H, 2, W), 1, dtype)
         self.rho_v[1:, _BEFORE] = self.rho_v[:-1, _AFTER] = rho[n_h:].reshape(H - 1, W)
-        lanes = max(H, W)
         self.scratch = np.empty((2 * K + 2, lanes), dtype)
         self.adjoint_scratch = np.empty((2 * K + 1, lanes), dtype)
         self.held = scratch(K * H * W, dtype)
@@ -804,9 +805,38 @@ class GridKernels:
         self.loc = np.empty((4, K), dtype)
         self.cav1 = np.empty(K, dtype)
         self.q = np.empty((K, K), dtype)
-        self.transposed = scratch(self.grid.size, dtype)  # the powers transposed (_transpose_all)
-        self._transposed_of = None  # the power planes that ``transposed`` holds, transposed
         self.row_sums = None  # (h, v) for the backward pass, built at its first reverse iteration
+
+    @property
+    def binary(self):
+        return self.binary_token is not None
+
+    @property
+    def plane_size(self):
+        """The size of the flat planes the forward iterations keep (and of a snapshot)."""
+        return self.grid.size // 2 if self.binary else self.grid.size
+
+    def planes_of(self, M):
+        """The flat planes of the (2E, K) slot-layout messages ``M`` (or powers)."""
+        if not self.binary:
+            return self.grid.to_grid(M)
+        from ._trw_grid_binary import q_of_messages
+
+        Q = scratch(self.plane_size, M.dtype)
+        q_of_messages(M, self.q_slot_pos, self.binary_token == (0, 0), Q)
+        return Q
+
+    def slot_messages(self, planes, out=None):
+        """The (2E, K) slot-layout messages of the planes ``planes`` (into ``out`` when given)."""
+        if not self.binary:
+            return self.grid.to_slots(planes, out)
+        from ._trw_grid_binary import message_pairs
+
+        if out is None:
+            out = scratch((self.q_slot_pos.shape[0], 2), planes.dtype)
+        message_pairs(planes, self.q_slot_pos, self.binary_token == (0, 0), out)
+        return out
+
 
     def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):
         """``n_sweeps`` iterations on the flat planes; returns the fallback count."""
@@ -815,6 +845,14 @@ class GridKernels:
             push_slot = np.full(n_sweeps, -1, np.int64)
         empty = np.empty((0, 0), self.dtype)
         self._transposed_of = None  # _run transposes its own powers
+        if self.binary:
+            from ._trw_grid_binary import _run as binary_run
+
+            return binary_run(
+                n_sweeps, push_slot, empty if stack is None else stack, g.height, g.width, M,
+                self.transposed, self.E_h, self.E_v, self.T_h, self.T_v, self.binary_token,
+                g.geometry_h, g.geometry_v, self.unary, self.pairwise, self.lines,
+            )
         if self.powers is not None:
             P = np.sqrt(M, out=self.powers)
         return _run(
@@ -832,7 +870,7 @@ class GridKernels:
         if self._transposed_of is not P:
             if self.powers is not None:
                 np.sqrt(M, out=self.powers)
-            _transpose_all(self.rho_token, g.height, g.width, powers, self.transposed)
+            _transpose_all(g.height, g.width, powers, self.transposed)
             self._transposed_of = P
         if self.row_sums is None and self.K == 2:  # summed where read (see _add_row_terms)
             self.row_sums = (np.empty((0, 2, 2, 0), self.dtype),) * 2

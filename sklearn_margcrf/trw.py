@@ -158,9 +158,13 @@ iterations can run on the line kernels of ``sklearn_margcrf._trw_grid``
 per-direction planes): bitwise the same values, chosen where they measured
 faster (``_use_grid_kernels``: K = 2 and K >= 8; for forward + backward on
 200 x 300, K = 2: 1.2-1.3x in float64 and 1.4-1.8x in float32, K = 8:
-1.3x in float64, 1.4x in float32). Without planes of inverses, nor of
-powers for rho = 1/2 (computed where read, with the same rounding), they
-also keep less in memory.
+1.3x in float64, 1.4x in float32). Without planes of inverses they also
+keep less in memory. With two labels and rho 1/2 or 1 (loopy BP) they keep
+one number per message instead (``sklearn_margcrf._trw_grid_binary``: the
+ratio of its two entries, to the power rho), which needs one division and
+at most one square root per update and half the memory traffic: the same
+iterations up to rounding rather than bitwise, and about twice as fast as
+the line kernels for forward + backward (``docs/scaling.rst``).
 
 Checkpointed reverse mode: with ``checkpoints`` the forward pass keeps only
 some snapshots, and ``trw_backward`` recomputes the others from them
@@ -245,8 +249,10 @@ _INTERLEAVE_WIDTH = 2
 
 def _use_grid_kernels(n_states, dtype):
     """Whether a fixed number of iterations on an image grid runs the line
-    kernels of ``sklearn_margcrf._trw_grid`` by default (same values).
-    Measured (200 x 300, 20 iterations, rho = 1/2, forward + backward, one
+    kernels of ``sklearn_margcrf._trw_grid`` by default (same values; for two
+    labels with rho 1/2 or 1, the one-number messages of
+    ``sklearn_margcrf._trw_grid_binary``, the same up to rounding; the
+    figures below are of the line kernels). Measured (200 x 300, 20 iterations, rho = 1/2, forward + backward, one
     thread, minimum CPU time per gradient over repeated runs): K = 2 float64
     0.21-0.23 s against 0.26-0.28 s with the slot kernels, float32 0.13-0.16
     against 0.22-0.23 s. Since their cavity loops run as vector code (the
@@ -1098,7 +1104,7 @@ class TRWState:
     def slot_messages(self):
         """(2E, K) the final messages in the slot layout (a new array for a state of the grid kernels)."""
         if self._slot_messages is None:
-            return self.grid_kernels.grid.to_slots(self.grid_planes[0])
+            return self.grid_kernels.slot_messages(self.grid_planes[0])
         return self._slot_messages
 
     @property
@@ -1129,7 +1135,9 @@ def floored_message_entries(state):
     the floor replaced may have been needed, and the marginals can then be off
     (see "Numerical stability" above)."""
     # the planes of the grid kernels hold the same entries, and 1 where a neighbour is absent
-    messages = state.slot_messages if state.grid_planes is None else state.grid_planes[0]
+    # (those of two labels hold one number per message: counted in the slot layout)
+    planes = state.grid_planes is not None and not state.grid_kernels.binary
+    messages = state.grid_planes[0] if planes else state.slot_messages
     return int(_count_at_most(messages.reshape(-1), _limits(messages.dtype)[0]))
 
 
@@ -1318,7 +1326,9 @@ def trw_forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=100
         (see ``sklearn_margcrf._checkpoints``). None keeps one per
         iteration while they fit ``STACK_MEMORY_BUDGET`` and as many as fit
         otherwise. One snapshot is ``2E * K`` floats (twice that for a
-        ``rho`` that is neither all ones nor all one half).
+        ``rho`` that is neither all ones nor all one half; ``4 n`` for two
+        labels on the edges of ``grid_edges`` with rho all 1 or all 1/2,
+        one number per message and per absent neighbour).
     start : (2E, K) array or None
         The messages to start from, in internal slot order
         (``TRWState.slot_messages`` of an earlier pass on the same graph);
@@ -1404,12 +1414,13 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
                                    slot_of, ptr)
         slot_edge = slot_side = None  # the grid kernels need them no more (memory: 2 of 2E int64)
     # one snapshot: the slot layout, or the planes' (flat) for the grid kernels
-    snapshot_shape = (2 * E, K) if grid_kernels is None else (grid_kernels.grid.size,)
+    snapshot_shape = (2 * E, K) if grid_kernels is None else (grid_kernels.plane_size,)
     snapshots = stack_pow = np.empty((0, *snapshot_shape), dtype)
     push_slot = np.empty(0, np.int64)
     plan = None
     if keep_stack and n_iter > 0:
-        snapshot_bytes = 2 * E * K * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
+        kept_per_message = 1 if grid_kernels is not None and grid_kernels.binary else K
+        snapshot_bytes = 2 * E * kept_per_message * dtype.itemsize * (2 if mode == _RHO_GENERAL else 1)
         plan = checkpoint_plan(n_iter, check_checkpoints(checkpoints), snapshot_bytes)
         snapshots = scratch((plan.n_slots, *snapshot_shape), dtype)
         if mode == _RHO_GENERAL:
@@ -1473,9 +1484,8 @@ def _grid_planes(grid_kernels, M, MP, rho_mode):
     """The slot-layout messages and powers as flat planes (absent neighbours:
     1); the power planes are the message planes unless rho is general (the
     grid kernels take square roots where they read them)."""
-    to_grid = grid_kernels.grid.to_grid
-    flat_M = to_grid(M)
-    return flat_M, to_grid(MP) if rho_mode == _RHO_GENERAL else flat_M
+    flat_M = grid_kernels.planes_of(M)
+    return flat_M, grid_kernels.planes_of(MP) if rho_mode == _RHO_GENERAL else flat_M
 
 
 def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, tol, kt, unary, ptr, rho_slot, eu,
@@ -1488,19 +1498,18 @@ def _grid_forward(grid_kernels, n_iter, push_slot, snapshots, stack_pow, M, MP, 
     final messages; the slot-layout powers for rho = 1/2 are derived at
     the end. Returns the planes ``(M, P)``, the iterations,
     whether converged (False without ``check``) and the number of fallbacks."""
-    grid = grid_kernels.grid
     mode = grid_kernels.rho_mode
     planes = _grid_planes(grid_kernels, M, MP, mode)
     push = push_slot if push_slot.shape[0] else np.full(n_iter, -1, np.int64)
 
     def slot_powers():
         """The messages of the planes into ``M``; their powers (slot layout)."""
-        grid.to_slots(planes[0], out=M)
+        grid_kernels.slot_messages(planes[0], out=M)
         if mode == _RHO_ONE:
             return M
         if mode == _RHO_HALF:
             return np.sqrt(M, out=scratch(M.shape, M.dtype))
-        return grid.to_slots(planes[1], out=MP)
+        return grid_kernels.slot_messages(planes[1], out=MP)
 
     head = n_iter - 1 if check else n_iter  # with check, the last iteration after the marginals before it
     n_fallback = grid_kernels.run(*planes, head, push[:head], snapshots, stack_pow)
@@ -1731,7 +1740,7 @@ def _slot_message_arrays(state):
     if MP is None and state.rho_mode == _RHO_HALF:
         MP = np.sqrt(M, out=scratch(M.shape, M.dtype))
     elif MP is None:
-        MP = state.grid_kernels.grid.to_slots(state.grid_planes[1])
+        MP = state.grid_kernels.slot_messages(state.grid_planes[1])
     return M, MP, IM
 
 
@@ -1764,6 +1773,8 @@ def _backward_start_of(state, M, gmu_u, gmu_p, pairwise_out=True):
 def _grid_backward(state, gmu_u, gmu_p):
     """Truncated back TRW with the grid kernels (the slot path's steps, on the planes)."""
     kernels = state.grid_kernels
+    if kernels.binary:
+        return _binary_grid_backward(state, gmu_u, gmu_p)
     E, K = state.pairwise.shape[:2]
     pairwise_terms = gmu_p.shape[0] > 0  # else steps 6-7 leave g_p at zero
     g_u, g_p, Madj = _backward_start_of(state, state.slot_messages, gmu_u, gmu_p, pairwise_terms)
@@ -1786,3 +1797,47 @@ def _grid_backward(state, gmu_u, gmu_p):
     g_p = scratch((E, K * K), dtype)
     kernels.join_pairwise(GP_h, GP_v, state.rho, g_p)
     return g_u, g_p.reshape(E, K, K)
+
+
+def _binary_grid_backward(state, gmu_u, gmu_p):
+    """Truncated back TRW for the one-number messages of two labels
+    (``sklearn_margcrf._trw_grid_binary``): steps 6 and 7 as on the slot
+    layout, their message adjoints converted to those of the planes, then the
+    reverse sweeps of those updates."""
+    from . import _trw_grid_binary as binary
+
+    kernels = state.grid_kernels
+    grid = kernels.grid
+    H, W = grid.height, grid.width
+    E = state.pairwise.shape[0]
+    pairwise_terms = gmu_p.shape[0] > 0
+    half = kernels.binary_token == (0, 0)
+    messages = state.slot_messages
+    g_u, g_p, Madj = _backward_start_of(state, messages, gmu_u, gmu_p, pairwise_terms)
+    dtype = g_u.dtype
+    Q = scratch_copy(state.grid_planes[0])  # restored from the snapshots, step by step
+    Qadj = scratch(Q.shape, dtype)
+    binary.q_adjoints(Madj, messages, Q, kernels.q_slot_pos, half, Qadj)
+    del Madj, messages
+    GP_h, GP_v = kernels.split_pairwise(g_p if pairwise_terms else None)
+    del g_p
+    X = scratch(Q.shape, dtype)  # not the forward kernel's: the advances of a checkpointed pass write that
+    binary._transpose_all(H, W, Q, X)
+    held = scratch_full(Q.shape, 0, dtype)
+    EG_h = scratch_full(kernels.E_h.shape, 0, dtype)
+    EG_v = scratch_full(kernels.E_v.shape, 0, dtype)
+    snapshots = state.stack_buffer
+
+    def reverse(slots):
+        for slot in slots:
+            binary.reverse_sweep(H, W, Q, X, Qadj, held, snapshots[slot], kernels.E_h, kernels.E_v, EG_h, EG_v,
+                                 kernels.T_h, kernels.T_v, GP_h, GP_v, kernels.binary_token, grid.geometry_h,
+                                 grid.geometry_v, state.unary, state.pairwise, kernels.lines)
+
+    _reverse_stack(state, reverse)
+    del Q, Qadj, X, held, reverse
+    binary.add_unary_adjoints(EG_h, 0, 1, W, g_u)
+    binary.add_unary_adjoints(EG_v, 0, W, 1, g_u)
+    g_p = scratch((E, 4), dtype)
+    kernels.join_pairwise(GP_h, GP_v, state.rho, g_p)
+    return g_u, g_p.reshape(E, 2, 2)

@@ -247,7 +247,8 @@ def test_backprop_falls_back_to_the_stored_iterations_when_reverse_sweeps_diverg
         value, gu, gp = loss_and_grad(edges, unary, pairwise, labels, inference="lbp", gradient_mode="backprop", tol=1e-3)
     n_iter = infer(edges, unary, pairwise, method="lbp", tol=1e-3).n_iter
     expected = loss_and_grad(edges, unary, pairwise, labels, inference="lbp", gradient_mode="truncated", n_iter=n_iter)
-    assert value == expected[0]
+    # (a fixed count on this grid runs the grid kernels, the run to tol the slot kernels: equal up to rounding)
+    assert value == pytest.approx(expected[0], rel=1e-13, abs=0)
     np.testing.assert_allclose(gu, expected[1], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(gp, expected[2], rtol=1e-12, atol=1e-12)
 

@@ -148,7 +148,8 @@ def test_iteration_count_and_convergence_flag():
     assert state.converged and 1 <= state.n_iter < 1000
     # the fixed-iteration run with the same count gives the same marginals
     again = trw_forward(edges, unary, pairwise, rho, n_iter=state.n_iter, tol=1e-10)
-    np.testing.assert_array_equal(again.unary_marginals, state.unary_marginals)
+    # (a fixed count on a grid runs the grid kernels: the same up to rounding)
+    np.testing.assert_allclose(again.unary_marginals, state.unary_marginals, rtol=0, atol=1e-15)
     assert again.converged
     capped = trw_forward(edges, unary, pairwise, rho, tol=0.0, max_iter=4)
     assert capped.n_iter == 4 and not capped.converged
@@ -194,13 +195,13 @@ def test_specialised_kernels_match_generic_kernels(rho_value, K):
 
 
 # The grid kernels run by default for K = 2 and K >= 8 (see
-# trw._use_grid_kernels). K = 2: every rho class in float32; in float64 the
-# general class, the most involved path. K = 8 (the backgrounds experiment):
-# rho = 1/2 in float64, with and without the log-domain fallbacks; K = 9: the
-# generic (not specialised) build. Each (K, rho class, dtype) takes about
-# half a minute to compile.
+# trw._use_grid_kernels). K = 2: the general rho class (rho 1/2 and 1 run the
+# one-number messages of _trw_grid_binary, tested below). K = 8 (the
+# backgrounds experiment): rho = 1/2 in float64, with and without the
+# log-domain fallbacks; K = 9: the generic (not specialised) build. Each (K,
+# rho class, dtype) takes about half a minute to compile.
 @pytest.mark.parametrize(("K", "dtype", "specialise", "cases"), [
-    (2, np.float32, True, ((0.5, 1.0), (1.0, 1.0), ("random", 1.0), (0.5, 100.0))),
+    (2, np.float32, True, (("random", 1.0),)),
     (2, np.float64, True, (("random", 1.0), ("random", 800.0))),
     (8, np.float64, True, ((0.5, 1.0), (0.5, 800.0))),
     (9, np.float64, False, ((0.5, 1.0),)),
@@ -237,6 +238,82 @@ def test_grid_kernels_match_slot_kernels(shape, K, dtype, specialise, cases):
             grads = [trw_backward(state, g_mu, None, mode="fixed_point", max_iter=3) for state in states]
         for got, want in zip(*grads):
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rho_value", [0.5, 1.0])
+@pytest.mark.parametrize("shape", [(1, 6), (4, 5), (5, 3)])
+def test_binary_grid_kernels_agree_with_slot_kernels(shape, rho_value, dtype):
+    """Two labels, rho 1/2 or 1 on a grid: one number per message
+    (``_trw_grid_binary``), the same iterations as the slot kernels up to
+    rounding: marginals, messages, truncated gradients (with the full stack,
+    and checkpointed twice: bitwise the full stack's), fixed-point
+    gradients from the state."""
+    rng = np.random.default_rng(21)
+    edges = grid_edges(*shape)
+    n = shape[0] * shape[1]
+    atol, rtol = (1e-13, 1e-10) if dtype == np.float64 else (2e-6, 2e-4)
+    for scale in (1.0, 8.0):
+        unary, pairwise = random_model(edges, n, 2, rng)
+        unary, pairwise = (unary * scale).astype(dtype), (pairwise * scale).astype(dtype)
+        rho = np.full(len(edges), rho_value)
+        g_mu, g_mu2 = rng.normal(size=(n, 2)), rng.normal(size=(len(edges), 2, 2))
+        full = None
+        for checkpoints in (None, 2):
+            states = [trw._forward(edges, unary, pairwise, rho, n_iter=5, keep_stack=True, checkpoints=checkpoints,
+                                   grid=grid) for grid in (True, False)]
+            assert states[0].grid_kernels.binary and states[1].grid_kernels is None
+            for name in ("unary_marginals", "pairwise_marginals", "messages"):
+                got, want = getattr(states[0], name), getattr(states[1], name)
+                assert got.dtype == dtype
+                np.testing.assert_allclose(got, want, rtol=0, atol=atol, err_msg=name)
+            want = trw_backward(states[1], g_mu, g_mu2)
+            for _ in range(2):
+                got = trw_backward(states[0], g_mu, g_mu2)
+                for g, w in zip(got, want):
+                    assert g.dtype == dtype
+                    np.testing.assert_allclose(g, w, rtol=0, atol=rtol * np.abs(w).max())
+                if full is None:
+                    full = got
+                for g, f in zip(got, full):
+                    assert np.array_equal(g, f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # not converged: not a fixed point
+            grads = [trw_backward(state, g_mu, None, mode="fixed_point", max_iter=3) for state in states]
+        for got, want in zip(*grads):
+            np.testing.assert_allclose(got, want, rtol=0, atol=rtol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("rho_value", [0.5, 1.0])
+def test_binary_grid_kernels_log_domain_lanes(rho_value):
+    """Parameters of hundreds: the one-number messages leave the range of
+    plain arithmetic and those lanes run in the log domain (forward and
+    reverse), exactly: on a chain (a 1 x 3 grid) BP's marginals are the
+    brute-force ones, and the truncated gradient of TRW and BP is the
+    finite-difference one."""
+    edges = chain_edges(3)
+    unary = np.array([[0.0, 300.0], [500.0, 0.0], [0.0, 250.0]])
+    pairwise = np.array([[[0.0, -900.0], [-900.0, 0.0]], [[0.0, -700.0], [-650.0, 0.0]]])
+    rho = np.full(2, rho_value)
+    state = trw_forward(edges, unary, pairwise, rho, n_iter=4, keep_stack=True)
+    assert state.grid_kernels.binary and state.n_fallback > 0
+    if rho_value == 1.0:
+        mu, mu2, _ = brute_force(edges, unary, pairwise)
+        np.testing.assert_allclose(state.unary_marginals, mu, atol=1e-12)
+        np.testing.assert_allclose(state.pairwise_marginals, mu2, atol=1e-12)
+    # a loss that the saturated marginals still feel: log mu of the unlikely labels
+    weights = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+
+    def loss(u, p):
+        s = trw_forward(edges, u.reshape(3, 2), p.reshape(2, 2, 2), rho, n_iter=4)
+        return float(np.sum(weights * np.log(s.unary_marginals)))
+
+    g_u, g_p = trw_backward(state, weights / state.unary_marginals, None)
+    assert np.all(np.isfinite(g_u)) and np.all(np.isfinite(g_p))
+    np.testing.assert_allclose(g_u.ravel(), numeric_gradient(lambda u: loss(u, pairwise), unary.ravel(), 1e-4),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(g_p.ravel(), numeric_gradient(lambda p: loss(unary, p), pairwise.ravel(), 1e-4),
+                               rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(1, 6), (6, 1), (4, 5), (3, 7)])
