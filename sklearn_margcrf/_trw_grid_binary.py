@@ -259,12 +259,12 @@ def _log_weights(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, x
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, EGo, T, GP, snap_o, geometry, unary, pairwise, lines):
+def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, T, GP, snap_o, geometry, unary, pairwise, lines):
     """The updates of :func:`_phase` in reverse order. All adjoints are of
     logarithms (bounded where messages are tiny): ``Ao``: ``dL / d log q`` of
-    ``Qo``; ``held``: those of the other family's planes as this phase read
-    them (``Xx``'s layout, added to their planes after the phase); ``EGo[a,
-    l]``: ``dL / d log E``, ``GP[a, x_i 2 + x_j, l]``: ``dL / d log T``. With
+    ``Qo``; ``held[a, l]``: sender ``(a, l)``'s ``dL / d log g``, which
+    :func:`_add_held` passes on to ``log E`` and to the other family's
+    planes after the phase; ``GP[a, x_i 2 + x_j, l]``: ``dL / d log T``. With
     ``w_n``, ``w_d`` the shares of the ``g`` terms in the two sums, ``log r``
     passes ``w_n - w_d`` to ``log g`` (so to ``log E``, ``log q_o``,
     ``log x_a``, ``log x_b``), ``w_d - w_n`` to ``log q_r`` (rho = 1/2) and
@@ -288,7 +288,7 @@ def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, EGo, T, GP, snap_o
         snd = a + 1 if backward else a
         rcv = a if backward else a + 1
         qo, qr, xa, xb, e = Qo[snd, po, 0], Qo[snd, pr, 0], Xx[snd, _BEFORE, 0], Xx[snd, _AFTER, 0], Eo[snd]
-        ao, ar, ha, hb, eg = Ao[snd, po, 0], Ao[snd, pr, 0], held[snd, _BEFORE, 0], held[snd, _AFTER, 0], EGo[snd]
+        ao, ar, hg = Ao[snd, po, 0], Ao[snd, pr, 0], held[snd]
         out, adj, snap = Qo[rcv, pt, 0], Ao[rcv, pt, 0], snap_o[rcv, pt, 0]
         t00, t11 = T[a, 0, 0], T[a, 1, 1]
         tn, td = (T[a, 1, 0], T[a, 0, 1]) if backward else (T[a, 0, 1], T[a, 1, 0])
@@ -321,10 +321,8 @@ def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, EGo, T, GP, snap_o
             wn = w_num[l]
             wd = w_den[l]
             adjoint_log_g = adjoint_log_r * (wn - wd)
-            eg[l] += adjoint_log_g
             ao[l] += adjoint_log_g
-            ha[l] += adjoint_log_g
-            hb[l] += adjoint_log_g
+            hg[l] = adjoint_log_g  # log E's, x_a's and x_b's too: added after the phase
             if half:
                 ar[l] -= adjoint_log_g
             gtn[l] += adjoint_log_r * (one - wn)
@@ -336,18 +334,25 @@ def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, EGo, T, GP, snap_o
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _add_transposed(held, p, Ax):
-    """``Ax[l, p, 0, a] += held[a, p, 0, l]`` and ``held`` zeroed: a phase's
-    adjoints of the other family's planes, into their own layout."""
-    A, L = held.shape[0], held.shape[3]
-    for a0 in range(0, A, 32):
-        a1 = min(a0 + 32, A)
+def _add_held(held, first, n, EG, Ax):
+    """After a reverse phase: the adjoint of ``log g`` that each sender
+    ``a = first, ..., first + n - 1`` kept in ``held[a, l]`` goes to its
+    ``log E`` (``EG[a, l]``) and to the other family's two planes that it
+    read, in their layout (``Ax[l, p, 0, a]``, tile by tile). One value
+    written per update instead of three accumulated."""
+    L = held.shape[1]
+    for a in range(first, first + n):
         for l in range(L):
-            source = held[a0:a1, p, 0, l]
-            target = Ax[l, p, 0, a0:a1]
+            EG[a, l] += held[a, l]
+    for a0 in range(first, first + n, 32):
+        a1 = min(a0 + 32, first + n)
+        for l in range(L):
+            source = held[a0:a1, l]
+            before = Ax[l, _BEFORE, 0, a0:a1]
+            after = Ax[l, _AFTER, 0, a0:a1]
             for i in range(a1 - a0):
-                target[i] += source[i]
-                source[i] = 0
+                before[i] += source[i]
+                after[i] += source[i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -360,23 +365,21 @@ def reverse_sweep(H, W, Q, X, Qadj, held, snap, E_h, E_v, EG_h, EG_v, T_h, T_v, 
     Qh, Qv = _views(Q, H, W, 1)
     Vh, Hv = _views(X, H, W, 1)
     Ah, Av = _views(Qadj, H, W, 1)
-    Bh, Bv = _views(held, H, W, 1)  # the reads of Vh, Hv
+    Gh = held[:W * H].reshape((W, H))  # a family's senders' adjoints of log g ([a, l], as E)
+    Gv = held[:H * W].reshape((H, W))
     Sh, Sv = _views(snap, H, W, 1)
     for phase in range(4):
         backward = phase < 2
         restored = _AFTER if backward else _BEFORE
+        first = 1 if backward else 0  # the senders: first, ..., first + A - 2
         if phase == 0 or phase == 3:
-            _reverse_phase(backward, rho_token, Qh, Vh, Ah, Bh, E_h, EG_h, T_h, GP_h, Sh, geometry_h, unary, pairwise,
-                           lines)
+            _reverse_phase(backward, rho_token, Qh, Vh, Ah, Gh, E_h, T_h, GP_h, Sh, geometry_h, unary, pairwise, lines)
             _transpose_plane(Qh, restored, Hv)
-            for p in range(2):
-                _add_transposed(Bh, p, Av)
+            _add_held(Gh, first, W - 1, EG_h, Av)
         else:
-            _reverse_phase(backward, rho_token, Qv, Hv, Av, Bv, E_v, EG_v, T_v, GP_v, Sv, geometry_v, unary, pairwise,
-                           lines)
+            _reverse_phase(backward, rho_token, Qv, Hv, Av, Gv, E_v, T_v, GP_v, Sv, geometry_v, unary, pairwise, lines)
             _transpose_plane(Qv, restored, Vh)
-            for p in range(2):
-                _add_transposed(Bv, p, Ah)
+            _add_held(Gv, first, H - 1, EG_v, Ah)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

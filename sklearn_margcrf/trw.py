@@ -1823,7 +1823,7 @@ def _binary_grid_backward(state, gmu_u, gmu_p):
     del g_p
     X = scratch(Q.shape, dtype)  # not the forward kernel's: the advances of a checkpointed pass write that
     binary._transpose_all(H, W, Q, X)
-    held = scratch_full(Q.shape, 0, dtype)
+    held = scratch(H * W, dtype)  # a phase's senders' adjoints of log g
     EG_h = scratch_full(kernels.E_h.shape, 0, dtype)
     EG_v = scratch_full(kernels.E_v.shape, 0, dtype)
     snapshots = state.stack_buffer

@@ -316,6 +316,27 @@ def test_binary_grid_kernels_log_domain_lanes(rho_value):
                                rtol=1e-6, atol=1e-6)
 
 
+def test_binary_grid_kernels_float32_log_domain_lanes():
+    """float32's narrower range sends some updates of moderate messages to
+    the log domain (partial products below ``tiny``), where float64 computes
+    them in plain arithmetic: both precisions agree to float32's rounding,
+    forward and reverse (a wrong log-domain share or value fails this)."""
+    rng = np.random.default_rng(3)
+    edges = grid_edges(5, 4)
+    unary, pairwise = random_model(edges, 20, 2, rng, scale=25.0)
+    rho = np.full(len(edges), 0.5)
+    g_mu = rng.normal(size=(20, 2))
+    results = []
+    for dtype in (np.float64, np.float32):
+        state = trw_forward(edges, unary.astype(dtype), pairwise.astype(dtype), rho, n_iter=5, keep_stack=True)
+        results.append((state.n_fallback, state.unary_marginals, *trw_backward(state, g_mu, None)))
+    (fallbacks64, *want), (fallbacks32, *got) = results
+    assert fallbacks64 == 0 and fallbacks32 > 10
+    np.testing.assert_allclose(got[0], want[0], rtol=0, atol=5e-7)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=0, atol=5e-5 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("shape", [(1, 6), (6, 1), (4, 5), (3, 7)])
 def test_grid_kernels_run_on_exactly_the_grid_edges(shape):
     """The line kernels take the edges of ``grid_edges(H, W)`` and nothing
