@@ -102,23 +102,30 @@ def _log_add(a, b):
     return top + math.log1p(math.exp(-abs(a - b)))
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _log_lane(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb):
-    """``q`` of the update at ``(a, l)`` in the log domain, from ``theta`` and
-    ``log q`` (the rare lanes of :func:`_phase`)."""
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _log_terms(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb):
+    """The logs of the update at ``(a, l)``, from ``theta`` and ``log q``:
+    the two terms of each sum, ``(t_n + log D, log g + t_11)`` and
+    ``(t_00 + log D, log g + t_d)`` (tables without their shift)."""
     e = geometry[0] + a * geometry[1] + l * geometry[2]
     u = snd * geometry[3] + l * geometry[4]
     inv_rho = 2.0 if half else 1.0
     log_g = (unary[u, 1] - unary[u, 0]) + math.log(qo) + math.log(xa) + math.log(xb)
     log_d = math.log(qr) if half else 0.0
-    t00 = pairwise[e, 0, 0] * inv_rho
-    t11 = pairwise[e, 1, 1] * inv_rho
     if backward:  # the sender is x_j: the receiver's label indexes the table's rows
-        tn, td = pairwise[e, 1, 0] * inv_rho, pairwise[e, 0, 1] * inv_rho
+        tn, td = pairwise[e, 1, 0], pairwise[e, 0, 1]
     else:
-        tn, td = pairwise[e, 0, 1] * inv_rho, pairwise[e, 1, 0] * inv_rho
-    log_r = _log_add(tn + log_d, log_g + t11) - _log_add(t00 + log_d, log_g + td)
-    return math.exp(log_r / inv_rho)
+        tn, td = pairwise[e, 0, 1], pairwise[e, 1, 0]
+    return (tn * inv_rho + log_d, log_g + pairwise[e, 1, 1] * inv_rho,
+            pairwise[e, 0, 0] * inv_rho + log_d, log_g + td * inv_rho)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _log_lane(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb):
+    """``q`` of the update at ``(a, l)`` in the log domain (the rare lanes of :func:`_phase`)."""
+    n0, n1, d0, d1 = _log_terms(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb)
+    log_r = _log_add(n0, n1) - _log_add(d0, d1)
+    return math.exp(log_r / 2.0) if half else math.exp(log_r)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -128,6 +135,30 @@ def _plain(p1, p2, num, den, tiny, huge):
     ``and``: no branches, so that the lane loops stay vector code)."""
     return (p1 > tiny) & (p1 < huge) & (p2 > tiny) & (p2 < huge) & (num > tiny) & (num < huge) & (den > tiny) & (
         den < huge)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _update_lines(backward, Qo, Xx, Eo, T, a):
+    """The lines an update at ``(a, .)`` reads, its sender's index and its
+    receiver's: ``(snd, rcv, q_o, q_r, x_a, x_b, E, t_n, t_11, t_00, t_d)``."""
+    snd = a + 1 if backward else a
+    rcv = a if backward else a + 1
+    po = _AFTER if backward else _BEFORE  # the sender's other own messages
+    pr = _BEFORE if backward else _AFTER  # the reverse messages into the sender
+    tn, td = (T[a, 1, 0], T[a, 0, 1]) if backward else (T[a, 0, 1], T[a, 1, 0])
+    return (snd, rcv, Qo[snd, po, 0], Qo[snd, pr, 0], Xx[snd, _BEFORE, 0], Xx[snd, _AFTER, 0], Eo[snd], tn,
+            T[a, 1, 1], T[a, 0, 0], td)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _sums(half, one, e, qo, qr, xa, xb, tn, t11, t00, td):
+    """Lane values of an update: the partial products of ``g``, ``g``, and
+    the two sums ``t_n D + g t_11``, ``t_00 D + g t_d``."""
+    p1 = e * qo
+    p2 = xa * xb
+    g = p1 * p2
+    d = qr if half else one
+    return p1, p2, g, tn * d + g * t11, t00 * d + g * td
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -142,27 +173,16 @@ def _phase(backward, rho_token, Qo, Xx, Eo, T, geometry, unary, pairwise, lines)
     A = Qo.shape[0]
     L = Qo.shape[3]
     pt = _AFTER if backward else _BEFORE  # the plane written
-    pr = _BEFORE if backward else _AFTER  # the reverse messages into the sender
-    po = _AFTER if backward else _BEFORE  # the sender's other own messages
     num = lines[0]
     den = lines[1]
     n_fallback = 0
     for step in range(A - 1):
         a = A - 2 - step if backward else step
-        snd = a + 1 if backward else a
-        rcv = a if backward else a + 1
-        qo, qr, xa, xb, e = Qo[snd, po, 0], Qo[snd, pr, 0], Xx[snd, _BEFORE, 0], Xx[snd, _AFTER, 0], Eo[snd]
+        snd, rcv, qo, qr, xa, xb, e, tn, t11, t00, td = _update_lines(backward, Qo, Xx, Eo, T, a)
         out = Qo[rcv, pt, 0]
-        t00, t11 = T[a, 0, 0], T[a, 1, 1]
-        tn, td = (T[a, 1, 0], T[a, 0, 1]) if backward else (T[a, 0, 1], T[a, 1, 0])
         n_bad = 0
         for l in range(L):
-            p1 = e[l] * qo[l]
-            p2 = xa[l] * xb[l]
-            g = p1 * p2
-            d = qr[l] if half else one
-            n = tn[l] * d + g * t11[l]
-            m = t00[l] * d + g * td[l]
+            p1, p2, _, n, m = _sums(half, one, e[l], qo[l], qr[l], xa[l], xb[l], tn[l], t11[l], t00[l], td[l])
             num[l] = n
             den[l] = m
             n_bad += not _plain(p1, p2, n, m, tiny, huge)
@@ -242,20 +262,8 @@ def q_adjoints(Madj, M, Q, slot_pos, half, Qadj):
 def _log_weights(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb):
     """The shares of the ``g`` terms in the two sums of the update at
     ``(a, l)``, in the log domain (the lanes :func:`_log_lane` computed)."""
-    e = geometry[0] + a * geometry[1] + l * geometry[2]
-    u = snd * geometry[3] + l * geometry[4]
-    inv_rho = 2.0 if half else 1.0
-    log_g = (unary[u, 1] - unary[u, 0]) + math.log(qo) + math.log(xa) + math.log(xb)
-    log_d = math.log(qr) if half else 0.0
-    t00 = pairwise[e, 0, 0] * inv_rho
-    t11 = pairwise[e, 1, 1] * inv_rho
-    if backward:
-        tn, td = pairwise[e, 1, 0] * inv_rho, pairwise[e, 0, 1] * inv_rho
-    else:
-        tn, td = pairwise[e, 0, 1] * inv_rho, pairwise[e, 1, 0] * inv_rho
-    w_num = math.exp(log_g + t11 - _log_add(tn + log_d, log_g + t11))
-    w_den = math.exp(log_g + td - _log_add(t00 + log_d, log_g + td))
-    return w_num, w_den
+    n0, n1, d0, d1 = _log_terms(backward, half, a, l, snd, geometry, unary, pairwise, qo, qr, xa, xb)
+    return math.exp(n1 - _log_add(n0, n1)), math.exp(d1 - _log_add(d0, d1))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -285,33 +293,20 @@ def _reverse_phase(backward, rho_token, Qo, Xx, Ao, held, Eo, T, GP, snap_o, geo
     w_den = lines[1]
     for step in range(A - 1):
         a = step if backward else A - 2 - step
-        snd = a + 1 if backward else a
-        rcv = a if backward else a + 1
-        qo, qr, xa, xb, e = Qo[snd, po, 0], Qo[snd, pr, 0], Xx[snd, _BEFORE, 0], Xx[snd, _AFTER, 0], Eo[snd]
+        snd, rcv, qo, qr, xa, xb, e, tn, t11, t00, td = _update_lines(backward, Qo, Xx, Eo, T, a)
         ao, ar, hg = Ao[snd, po, 0], Ao[snd, pr, 0], held[snd]
         out, adj, snap = Qo[rcv, pt, 0], Ao[rcv, pt, 0], snap_o[rcv, pt, 0]
-        t00, t11 = T[a, 0, 0], T[a, 1, 1]
-        tn, td = (T[a, 1, 0], T[a, 0, 1]) if backward else (T[a, 0, 1], T[a, 1, 0])
         g00, g11, gtn, gtd = GP[a, 0], GP[a, 3], GP[a, gn], GP[a, gd]
         # the shares, in plain arithmetic (vector code), then again in the log domain where needed
         n_bad = 0
         for l in range(L):
-            p1 = e[l] * qo[l]
-            p2 = xa[l] * xb[l]
-            g = p1 * p2
-            d = qr[l] if half else one
-            num = tn[l] * d + g * t11[l]
-            den = t00[l] * d + g * td[l]
+            p1, p2, g, num, den = _sums(half, one, e[l], qo[l], qr[l], xa[l], xb[l], tn[l], t11[l], t00[l], td[l])
             w_num[l] = g * t11[l] / num
             w_den[l] = g * td[l] / den
             n_bad += not _plain(p1, p2, num, den, tiny, huge)
         if n_bad:
             for l in range(L):
-                p1 = e[l] * qo[l]
-                p2 = xa[l] * xb[l]
-                d = qr[l] if half else one
-                num = tn[l] * d + p1 * p2 * t11[l]
-                den = t00[l] * d + p1 * p2 * td[l]
+                p1, p2, _, num, den = _sums(half, one, e[l], qo[l], qr[l], xa[l], xb[l], tn[l], t11[l], t00[l], td[l])
                 if not _plain(p1, p2, num, den, tiny, huge):
                     w_num[l], w_den[l] = _log_weights(backward, half, a, l, snd, geometry, unary, pairwise, qo[l],
                                                       qr[l], xa[l], xb[l])
