@@ -758,6 +758,14 @@ class GridKernels:
         dtype = unary.dtype
         self.grid = Grid(H, W, slot_edge, slot_side, K)
         self.kt, self.K, self.dtype = label_token, K, dtype
+        self.rho_mode = rho_mode
+        # two labels, rho 1/2 or 1: one number per message
+        # (sklearn_margcrf._trw_grid_binary, forward and backward); the
+        # state's planes and snapshots are those numbers, and no line kernel
+        # runs (no rho class of theirs)
+        from . import _trw_grid_binary as binary
+
+        self.binary_token = binary.rho_token_of(rho_mode) if K == 2 else None
         # the rho class as the length of a tuple, like the label token: a
         # compile-time constant, so each class gets branch-free loops. For
         # rho = 1/2 the kernels keep power planes of their own (``powers``,
@@ -765,16 +773,8 @@ class GridKernels:
         # planes): the square roots once per message written rather than in
         # the four cavities that read it. Measured (200 x 300, 20 iterations,
         # float64, loss_and_grad, processes alternating): K = 8 1.30-1.32 s
-        # against 1.36-1.40 s without. (Two labels run _trw_grid_binary.)
-        self.rho_mode = rho_mode
-        # two labels, rho 1/2 or 1: the iterations keep one number per
-        # message (sklearn_margcrf._trw_grid_binary); the state's planes and
-        # snapshots are those numbers, converted for the backward pass
-        from . import _trw_grid_binary as binary
-
-        self.binary_token = binary.rho_token_of(rho_mode) if K == 2 else None
+        # against 1.36-1.40 s without.
         keeps_powers = rho_mode == _RHO_HALF and not self.binary
-        # (no line kernels run for two labels with rho 1/2 or 1: no rho class of theirs)
         self.rho_token = None if self.binary else (0,) * (_RHO_HALF_PLANES if keeps_powers else rho_mode)
         self.powers = scratch(self.grid.size, dtype) if keeps_powers else None
         self.unary, self.pairwise, self.rho_slot, self.slot_of, self.ptr = unary, pairwise, rho_slot, slot_of, ptr
@@ -836,7 +836,6 @@ class GridKernels:
             out = scratch((self.q_slot_pos.shape[0], 2), planes.dtype)
         message_pairs(planes, self.q_slot_pos, self.binary_token == (0, 0), out)
         return out
-
 
     def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):
         """``n_sweeps`` iterations on the flat planes; returns the fallback count."""

@@ -252,8 +252,9 @@ def _use_grid_kernels(n_states, dtype):
     kernels of ``sklearn_margcrf._trw_grid`` by default (same values; for two
     labels with rho 1/2 or 1, the one-number messages of
     ``sklearn_margcrf._trw_grid_binary``, the same up to rounding; the
-    figures below are of the line kernels). Measured (200 x 300, 20 iterations, rho = 1/2, forward + backward, one
-    thread, minimum CPU time per gradient over repeated runs): K = 2 float64
+    figures below are of the line kernels). Measured (200 x 300, 20
+    iterations, rho = 1/2, forward + backward, one thread, minimum CPU time
+    per gradient over repeated runs): K = 2 float64
     0.21-0.23 s against 0.26-0.28 s with the slot kernels, float32 0.13-0.16
     against 0.22-0.23 s. Since their cavity loops run as vector code (the
     other family's messages gathered first), in-process alternating runs on
