@@ -240,10 +240,10 @@ def _add_row_terms(first, summed, Lw, c, u, v, z):
     (``first``), else ``z[l] += c[l] * row``, where ``row`` is ``u[l] + v[l]``
     (``summed``) or ``u[l]``. The row sums come from :func:`build_row_sums`
     (more than two labels: ``u``, a line of ``R``) or are summed here from a
-    table's two lines ``u``, ``v``: with two labels a row sum is one
-    addition, and not keeping them spares 2 E K values (3.8 MB at 200 x 300
-    in float64, which keeps ``checkpoints=14`` at 200 iterations within
-    100 MB). The branches stay outside the lane loops."""
+    table's two lines ``u``, ``v``: with two labels (a general rho; rho 1/2
+    and 1 run ``_trw_grid_binary``) a row sum is one addition, and not
+    keeping them spares 2 E K values (3.8 MB at 200 x 300 in float64). The
+    branches stay outside the lane loops."""
     if summed:
         if first:
             for l in range(Lw):

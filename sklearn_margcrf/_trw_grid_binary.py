@@ -356,7 +356,8 @@ def reverse_sweep(H, W, Q, X, Qadj, held, snap, E_h, E_v, EG_h, EG_v, T_h, T_v, 
     """Step 8 for a whole iteration of :func:`_run` (its four phases in
     reverse), restoring the planes ``Q`` from the snapshot ``snap``; ``X``
     holds the other family's planes transposed (kept so), ``held``: room
-    for the adjoints of those reads (zero, and left zero)."""
+    for ``H W`` values, a phase's senders' adjoints of ``log g``
+    (:func:`_add_held`)."""
     Qh, Qv = _views(Q, H, W, 1)
     Vh, Hv = _views(X, H, W, 1)
     Ah, Av = _views(Qadj, H, W, 1)
@@ -378,11 +379,11 @@ def reverse_sweep(H, W, Q, X, Qadj, held, snap, E_h, E_v, EG_h, EG_v, T_h, T_v, 
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def add_unary_adjoints(EG, first, stride_a, stride_l, g_u):
+def add_unary_adjoints(EG, stride_a, stride_l, g_u):
     """``g_u[u, 1] += EG[a, l]``, ``g_u[u, 0] -= EG[a, l]`` for the nodes
-    ``u = first + a stride_a + l stride_l`` of a family's layout."""
+    ``u = a stride_a + l stride_l`` of a family's layout."""
     for a in range(EG.shape[0]):
         for l in range(EG.shape[1]):
-            u = first + a * stride_a + l * stride_l
+            u = a * stride_a + l * stride_l
             g_u[u, 1] += EG[a, l]
             g_u[u, 0] -= EG[a, l]

@@ -1563,8 +1563,10 @@ def _work_arrays(state, load):
     """``(M, MP, IM)`` to rerun iterations in place in the work slot, from
     snapshot ``load`` (-1: what the work slot holds), with the powers and
     inverses derived as the forward pass derived them, so that recomputed
-    iterations match bit for bit. The grid kernels read neither inverses
-    (None) nor, for rho = 1/2, powers: they compute them where they read them."""
+    iterations match bit for bit. The grid kernels read no inverses (None)
+    and, for rho = 1/2, no powers of the caller's (the line kernels derive
+    their own, the two-label kernels' planes hold ``m(1) / m(0)`` to the
+    power rho)."""
     work = state.checkpoint_plan.work_slot
     stack, powers = state.stack_buffer, state.snapshot_powers
     if load >= 0:
@@ -1806,6 +1808,7 @@ def _binary_grid_backward(state, gmu_u, gmu_p):
     layout, their message adjoints converted to those of the planes, then the
     reverse sweeps of those updates."""
     from . import _trw_grid_binary as binary
+    from ._trw_grid import _transpose_all
 
     kernels = state.grid_kernels
     grid = kernels.grid
@@ -1823,7 +1826,7 @@ def _binary_grid_backward(state, gmu_u, gmu_p):
     GP_h, GP_v = kernels.split_pairwise(g_p if pairwise_terms else None)
     del g_p
     X = scratch(Q.shape, dtype)  # not the forward kernel's: the advances of a checkpointed pass write that
-    binary._transpose_all(H, W, Q, X)
+    _transpose_all(H, W, Q, X)
     held = scratch(H * W, dtype)  # a phase's senders' adjoints of log g
     EG_h = scratch_full(kernels.E_h.shape, 0, dtype)
     EG_v = scratch_full(kernels.E_v.shape, 0, dtype)
@@ -1837,8 +1840,8 @@ def _binary_grid_backward(state, gmu_u, gmu_p):
 
     _reverse_stack(state, reverse)
     del Q, Qadj, X, held, reverse
-    binary.add_unary_adjoints(EG_h, 0, 1, W, g_u)
-    binary.add_unary_adjoints(EG_v, 0, W, 1, g_u)
+    binary.add_unary_adjoints(EG_h, 1, W, g_u)  # [c, r]
+    binary.add_unary_adjoints(EG_v, W, 1, g_u)  # [r, c]
     g_p = scratch((E, 4), dtype)
     kernels.join_pairwise(GP_h, GP_v, state.rho, g_p)
     return g_u, g_p.reshape(E, 2, 2)
