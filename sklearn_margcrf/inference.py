@@ -22,7 +22,7 @@ import numpy as np
 
 from ._graph import check_n_iter, check_positive, validate_model
 from ._warnings import warn_at_caller
-from ._workspace import scratch_copy, scratch_full
+from ._workspace import call_workspace, owned, scratch_copy, scratch_full
 from .edge_appearance import RHO_RULES, kept_probabilities
 from .entropy import mean_field_entropy, trw_entropy
 
@@ -315,7 +315,10 @@ def infer(edges, unary, pairwise, *, method="trw", n_iter=None, tol=1e-6, max_it
     -------
     InferenceResult
         ``.unary`` (n, K), ``.pairwise`` (E, K, K), ``.log_partition``,
-        ``.n_iter``, ``.converged`` (and ``.rho`` for TRW / LBP).
+        ``.n_iter``, ``.converged`` (and ``.rho`` for TRW / LBP). Its arrays
+        are the caller's own; the scratch arrays of the call stay with the
+        thread for its next call, as those of
+        :func:`~sklearn_margcrf.loss_and_grad` do (see there).
 
     Warns
     -----
@@ -330,8 +333,11 @@ def infer(edges, unary, pairwise, *, method="trw", n_iter=None, tol=1e-6, max_it
     method = check_method(method)
     edges, unary, pairwise = validate_model(edges, unary, pairwise)
     n_iter, tol, max_iter = check_iteration_controls(n_iter, tol, max_iter)
-    rho = resolve_rho(rho, method, unary.shape[0], edges)
-    state, result = run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter)
-    if method in ("trw", "lbp"):
-        _warn_floored(method, state)
-    return result
+    with call_workspace():  # no fresh pages for this thread's next call
+        rho = resolve_rho(rho, method, unary.shape[0], edges)
+        state, result = run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter)
+        if method in ("trw", "lbp"):
+            _warn_floored(method, state)
+        del state
+        return InferenceResult(owned(result.unary), owned(result.pairwise), result.log_partition, result.n_iter,
+                               result.converged, owned(result.rho))

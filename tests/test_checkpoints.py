@@ -166,9 +166,13 @@ def test_automatic_checkpoints_respect_the_budget():
 
 
 def traced_peak(function):
-    """Peak of the memory numpy allocates while ``function()`` runs (bytes)."""
+    """Peak of the memory numpy allocates while ``function()`` runs (bytes),
+    from a full garbage collection, which drops the scratch buffers that
+    earlier calls kept for reuse."""
+    import gc
     import tracemalloc
 
+    gc.collect()
     tracemalloc.start()
     try:
         function()

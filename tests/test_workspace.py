@@ -1,18 +1,21 @@
-"""Scratch memory reused between the per-image computations of a fit
-(``sklearn_margcrf._workspace``): reuse within a thread, isolation between
-threads and from what callers keep, bounded retention, release after a fit."""
+"""Scratch memory reused between the per-image computations of a fit and
+between the calls of the public functions (``sklearn_margcrf._workspace``):
+reuse within a thread, isolation between threads and from what callers
+keep, bounded retention, release after a fit and once idle."""
 
 import gc
 import threading
 import time
 import tracemalloc
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 from estimator_checks import make_structured_data
 
-from sklearn_margcrf import MarginalCRF, grid_edges, loss_and_grad
-from sklearn_margcrf._workspace import keep_until_idle, release, scratch, workspace
+from sklearn_margcrf import MarginalCRF, grid_edges, infer, loss_and_grad
+from sklearn_margcrf._workspace import _IDLE_SECONDS, keep_until_idle, release, scratch, workspace
 
 
 def test_scratch_outside_a_workspace_is_fresh_memory():
@@ -237,3 +240,90 @@ def test_a_full_garbage_collection_drops_kept_buffers_while_no_workspace_is_open
     finally:
         release()
         tracemalloc.stop()
+
+
+# ---------------------------------------------------------------------------
+# the public functions: each call's scratch serves the thread's next call
+# ---------------------------------------------------------------------------
+
+
+def _public_problem(seed, shape=(12, 15), n_states=2):
+    edges = grid_edges(*shape)
+    rng = np.random.default_rng(seed)
+    n = shape[0] * shape[1]
+    unary = rng.normal(size=(n, n_states))
+    pairwise = rng.normal(size=(len(edges), n_states, n_states))
+    return edges, unary, pairwise, rng.integers(0, n_states, size=n)
+
+
+def _public_calls(problem):
+    """What loss_and_grad and infer return for ``problem`` (arrays only)."""
+    edges, unary, pairwise, labels = problem
+    _, grad_unary, grad_pairwise = loss_and_grad(edges, unary, pairwise, labels, n_iter=5, rho=0.5)
+    result = infer(edges, unary, pairwise, n_iter=5, rho=0.5)
+    return [grad_unary, grad_pairwise, result.unary, result.pairwise, result.rho]
+
+
+@pytest.mark.parametrize("n_states", [2, 3])
+def test_what_a_public_call_returns_survives_the_next_call(n_states):
+    first = _public_calls(_public_problem(0, n_states=n_states))
+    kept = [np.copy(a) for a in first]
+    second = _public_calls(_public_problem(1, n_states=n_states))  # in the scratch memory of the first
+    for a, b in zip(first, kept):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(first[0], second[0])
+
+
+def test_a_thread_reuses_the_scratch_of_its_last_public_call_until_a_full_collection():
+    problem = _public_problem(0, shape=(40, 40))
+    edges, unary, pairwise, labels = problem
+    snapshots = 30 * 4 * 1600 * 8  # the stack of 30 iterations, one number per message (4 per pixel)
+    loss_and_grad(edges, unary, pairwise, labels, n_iter=30, rho=0.5)  # compile or load outside the measurement
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        allocated = []  # the most memory a call allocated beyond what was allocated before it
+        for _ in range(3):
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            loss_and_grad(edges, unary, pairwise, labels, n_iter=30, rho=0.5)
+            allocated.append(tracemalloc.get_traced_memory()[1] - before)
+        assert allocated[0] > snapshots
+        assert allocated[2] < allocated[0] - snapshots  # the stack's buffer came from the call before
+        assert tracemalloc.get_traced_memory()[0] - base > snapshots  # kept for the next call
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - base < snapshots / 10
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_scratch_of_public_calls_goes_once_the_thread_is_idle():
+    problem = _public_problem(0, shape=(40, 40))
+    _public_calls(problem)  # compile or load outside the measurement
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        _public_calls(problem)
+        kept = tracemalloc.get_traced_memory()[0] - base
+        time.sleep(_IDLE_SECONDS + 0.5)
+        gc.collect(1)  # not a full collection
+        assert tracemalloc.get_traced_memory()[0] - base < kept / 10
+    finally:
+        tracemalloc.stop()
+
+
+def test_threads_calling_the_public_functions_at_once_get_their_own_results():
+    problems = [_public_problem(seed) for seed in range(4)]
+    want = [_public_calls(problem) for problem in problems]
+
+    def calls(k):
+        return [_public_calls(problems[k % 4]) for _ in range(5)]
+
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(calls, range(8)))
+    for k, runs in enumerate(got):
+        for run in runs:
+            for a, b in zip(run, want[k % 4]):
+                np.testing.assert_array_equal(a, b)
