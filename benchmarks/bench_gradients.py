@@ -14,7 +14,10 @@ logistic loss ``-sum_i log mu_i(label_i)`` with random labels. Prints:
 2. K = 2 at n_iter = 200: the full stack against ``checkpoints=14``, for
    truncated TRW and for truncated mean field;
 3. two threads, each computing ``loss_and_grad`` of its own image, against
-   the same two calls one after the other (the kernels release the GIL);
+   the same two calls one after the other (the kernels release the GIL),
+   and the same for a scalar loop and a memory-bound triad: what two
+   threads of this machine give code that needs no memory and code that
+   needs nothing else;
 4. equal-accuracy speed: iterations and seconds until every unary marginal is
    within 1e-3 of the converged ones, for our sequential schedule and for a
    flooding (parallel-update) schedule written here for comparison.
@@ -141,6 +144,39 @@ def section_checkpoints(args):
                   f"({ratios[True].min():.2f}-{ratios[True].max():.2f})")
 
 
+def two_thread_speedup(one, inputs, repeat, pool):
+    """Wall time of ``one(x)`` for both ``inputs`` one after the other and in
+    the two threads of ``pool`` (minimum of ``repeat``), and their ratio."""
+    list(pool.map(one, inputs))  # compile, start the threads
+    sequential = threaded = math.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for x in inputs:
+            one(x)
+        sequential = min(sequential, time.perf_counter() - start)
+        start = time.perf_counter()
+        list(pool.map(one, inputs))
+        threaded = min(threaded, time.perf_counter() - start)
+    return sequential, threaded, sequential / threaded
+
+
+@njit(cache=True, nogil=True)
+def _scalar_loop(n):
+    """A chain of multiply-adds in registers: no memory traffic at all."""
+    x = 0.0
+    for _ in range(n):
+        x = x * 0.9999999 + 1.0
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _triad(a, b, c, reps):
+    """STREAM's triad ``a = b + s c``, ``reps`` times: memory traffic only."""
+    for _ in range(reps):
+        for i in range(a.size):
+            a[i] = b[i] + 0.5 * c[i]
+
+
 def section_threads(args):
     print(f"3. two threads, each loss_and_grad of its own {args.height}x{args.width} image (K=2, "
           f"{args.iters} TRW iterations, float64)")
@@ -150,19 +186,21 @@ def section_threads(args):
         edges, unary, pairwise, rho, labels = image
         return loss_and_grad(edges, unary, pairwise, labels, rho=0.5, n_iter=args.iters)
 
+    # the machine's own ceiling: two threads of code that needs no memory,
+    # and of code that needs nothing else, over 16 MB per thread (about the
+    # data a gradient streams through each iteration here; the last-level
+    # cache is a few MB), each about as long as a gradient
+    n_triad = 2 ** 20 * 16 // 24
+    triads = [tuple(np.ones(n_triad) for _ in range(3)) for _ in range(2)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        list(pool.map(one, images))  # compile, start the threads
-        sequential = threaded = math.inf
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            for image in images:
-                one(image)
-            sequential = min(sequential, time.perf_counter() - start)
-            start = time.perf_counter()
-            list(pool.map(one, images))
-            threaded = min(threaded, time.perf_counter() - start)
-    print(f"   one after the other {sequential:.3f} s, two threads {threaded:.3f} s: "
-          f"speed-up {sequential / threaded:.2f}x (wall time, minimum of {args.repeat})")
+        sequential, threaded, speedup = two_thread_speedup(one, images, args.repeat, pool)
+        print(f"   one after the other {sequential:.3f} s, two threads {threaded:.3f} s: "
+              f"speed-up {speedup:.2f}x (wall time, minimum of {args.repeat})")
+        reps = max(1, round(sequential / 2 / 0.005))
+        _, _, scalar = two_thread_speedup(lambda k: _scalar_loop(reps * 2_000_000), (0, 1), args.repeat, pool)
+        _, _, triad = two_thread_speedup(lambda k: _triad(*triads[k], reps), (0, 1), args.repeat, pool)
+    print(f"   this machine's two threads: {scalar:.2f}x on a scalar loop (no memory traffic), {triad:.2f}x on "
+          f"a STREAM triad over 16 MB per thread (memory traffic only)")
 
 
 @njit(cache=True, nogil=True)
