@@ -547,7 +547,7 @@ def loss_and_grad(
     Each thread keeps the large scratch arrays of its last call (the
     snapshots of the messages, the tables, the adjoints) for its next one,
     which then faults in no fresh pages: at 200x300, K = 2, 20 TRW
-    iterations, some 9,000 page faults and 20 ms of system time less per
+    iterations, some 9,000 page faults and 20-30 ms of system time less per
     call. They go once the thread has begun no call for 2 seconds, or at a
     full garbage collection (``gc.collect()``). The arrays returned are the
     caller's own.
