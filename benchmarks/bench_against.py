@@ -12,7 +12,7 @@ instance the code an issue was filed against::
     python benchmarks/bench_against.py --states 8 --dtype float32
 
 Alternate the two a few times on an idle machine and compare the figures
-(or time whole processes with ``farm-bench --vs``).
+(or time whole processes in alternating pairs, with ``/usr/bin/time -v``).
 """
 
 import argparse
