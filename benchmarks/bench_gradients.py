@@ -145,19 +145,21 @@ def section_checkpoints(args):
 
 
 def two_thread_speedup(one, inputs, repeat, pool):
-    """Wall time of ``one(x)`` for both ``inputs`` one after the other and in
-    the two threads of ``pool`` (minimum of ``repeat``), and their ratio."""
+    """Wall times of ``one(x)`` for both ``inputs`` one after the other and
+    in the two threads of ``pool``, ``repeat`` pairs of the two back to
+    back: the minima of each, and the speed-ups of the pairs (within a pair
+    the machine's drift matters least)."""
     list(pool.map(one, inputs))  # compile, start the threads
-    sequential = threaded = math.inf
+    sequential, threaded = [], []
     for _ in range(repeat):
         start = time.perf_counter()
         for x in inputs:
             one(x)
-        sequential = min(sequential, time.perf_counter() - start)
+        sequential.append(time.perf_counter() - start)
         start = time.perf_counter()
         list(pool.map(one, inputs))
-        threaded = min(threaded, time.perf_counter() - start)
-    return sequential, threaded, sequential / threaded
+        threaded.append(time.perf_counter() - start)
+    return min(sequential), min(threaded), np.divide(sequential, threaded)
 
 
 @njit(cache=True, nogil=True)
@@ -194,14 +196,18 @@ def section_threads(args):
     n_triad = 2 ** 20 * 16 // 24
     triads = [tuple(np.ones(n_triad) for _ in range(3)) for _ in range(2)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        sequential, threaded, speedup = two_thread_speedup(one, images, args.repeat, pool)
+        sequential, threaded, speedups = two_thread_speedup(one, images, args.repeat, pool)
         print(f"   one after the other {sequential:.3f} s, two threads {threaded:.3f} s: "
-              f"speed-up {speedup:.2f}x (wall time, minimum of {args.repeat})")
+              f"speed-up {sequential / threaded:.2f}x (wall time, minima of {args.repeat}); {spread(speedups)}")
         reps = max(1, round(sequential / 2 / 0.005))
         _, _, scalar = two_thread_speedup(lambda k: _scalar_loop(reps * 2_000_000), (0, 1), args.repeat, pool)
         _, _, triad = two_thread_speedup(lambda k: _triad(*triads[k], reps), (0, 1), args.repeat, pool)
-    print(f"   this machine's two threads: {scalar:.2f}x on a scalar loop (no memory traffic), {triad:.2f}x on "
-          f"a STREAM triad over 16 MB per thread (memory traffic only)")
+    print(f"   this machine's two threads: a scalar loop (no memory traffic) {spread(scalar)}; a STREAM triad over "
+          f"16 MB per thread (memory traffic only) {spread(triad)}")
+
+
+def spread(speedups):
+    return f"pairs' speed-ups median {np.median(speedups):.2f}x ({speedups.min():.2f}-{speedups.max():.2f})"
 
 
 @njit(cache=True, nogil=True)
