@@ -196,8 +196,9 @@ def keep_until_idle(idle=_IDLE_SECONDS):
         # one timer per idle period, not one per keep: every call of the
         # public functions keeps, and starting a timer's thread costs some
         # 175 us (a tenth of a 5 x 5 gradient); a timer that fires before
-        # the deadline sets itself again
-        if pool.timer is None or pool.deadline < pool.timer_due:
+        # the deadline sets itself again. A process forked from one with a
+        # timer running inherits the timer's object but not its thread.
+        if pool.timer is None or not pool.timer.is_alive() or pool.deadline < pool.timer_due:
             if pool.timer is not None:
                 pool.timer.cancel()
             _arm(pool, idle)

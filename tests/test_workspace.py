@@ -4,6 +4,7 @@ reuse within a thread, isolation between threads and from what callers
 keep, bounded retention, release after a fit and once idle."""
 
 import gc
+import os
 import threading
 import time
 import tracemalloc
@@ -327,3 +328,37 @@ def test_threads_calling_the_public_functions_at_once_get_their_own_results():
         for run in runs:
             for a, b in zip(run, want[k % 4]):
                 np.testing.assert_array_equal(a, b)
+
+
+def _forked_child_drops_when_idle(connection):
+    release()  # the buffers inherited (allocated before tracemalloc started); the timer's object stays
+    time.sleep(1.0)  # past the inherited timer's due time, so that only a new timer can drop what is kept now
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    _one_task()
+    keep_until_idle(idle=0.2)
+    kept = tracemalloc.get_traced_memory()[0] - base
+    time.sleep(1.5)
+    connection.send((kept, tracemalloc.get_traced_memory()[0] - base))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_drops_its_kept_buffers_when_idle():
+    # joblib's multiprocessing backend forks on Linux: the child inherits the
+    # parent's pool with its timer's object, but not the timer's thread
+    import multiprocessing
+
+    release()
+    _one_task()
+    keep_until_idle(idle=0.5)  # a timer running at the fork
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    process = multiprocessing.get_context("fork").Process(target=_forked_child_drops_when_idle, args=(child,))
+    process.start()
+    try:
+        assert parent.poll(30), "the forked child sent nothing"
+        kept, left = parent.recv()
+    finally:
+        process.join(30)
+        release()
+    assert kept > 200_000 * 4  # the task's buffer was kept...
+    assert left < kept - 200_000 * 4  # ...and dropped once the child was idle
