@@ -812,6 +812,11 @@ class GridKernels:
         return self.binary_token is not None
 
     @property
+    def binary_half(self):
+        """Whether the two-label kernels run with rho = 1/2 (their planes hold ``q = r ** (1/2)``)."""
+        return self.binary and len(self.binary_token) == _RHO_HALF
+
+    @property
     def plane_size(self):
         """The size of the flat planes the forward iterations keep (and of a snapshot)."""
         return self.grid.size // 2 if self.binary else self.grid.size
@@ -823,7 +828,7 @@ class GridKernels:
         from ._trw_grid_binary import q_of_messages
 
         Q = scratch(self.plane_size, M.dtype)
-        q_of_messages(M, self.q_slot_pos, self.binary_token == (0, 0), Q)
+        q_of_messages(M, self.q_slot_pos, self.binary_half, Q)
         return Q
 
     def slot_messages(self, planes, out=None):
@@ -834,7 +839,7 @@ class GridKernels:
 
         if out is None:
             out = scratch((self.q_slot_pos.shape[0], 2), planes.dtype)
-        message_pairs(planes, self.q_slot_pos, self.binary_token == (0, 0), out)
+        message_pairs(planes, self.q_slot_pos, self.binary_half, out)
         return out
 
     def run(self, M, P, n_sweeps, push_slot=None, stack=None, stack_pow=None):

@@ -1483,8 +1483,9 @@ def _forward(edges, unary, pairwise, rho, n_iter=None, tol=1e-6, max_iter=1000, 
 
 def _grid_planes(grid_kernels, M, MP, rho_mode):
     """The slot-layout messages and powers as flat planes (absent neighbours:
-    1); the power planes are the message planes unless rho is general (the
-    grid kernels take square roots where they read them)."""
+    1); the power planes are the message planes unless rho is general (for
+    rho = 1/2 the line kernels keep square roots in planes of their own, and
+    the two-label kernels' planes hold ``m(1) / m(0)`` to the power rho)."""
     flat_M = grid_kernels.planes_of(M)
     return flat_M, grid_kernels.planes_of(MP) if rho_mode == _RHO_GENERAL else flat_M
 
@@ -1815,13 +1816,12 @@ def _binary_grid_backward(state, gmu_u, gmu_p):
     H, W = grid.height, grid.width
     E = state.pairwise.shape[0]
     pairwise_terms = gmu_p.shape[0] > 0
-    half = kernels.binary_token == (0, 0)
     messages = state.slot_messages
     g_u, g_p, Madj = _backward_start_of(state, messages, gmu_u, gmu_p, pairwise_terms)
     dtype = g_u.dtype
     Q = scratch_copy(state.grid_planes[0])  # restored from the snapshots, step by step
     Qadj = scratch(Q.shape, dtype)
-    binary.q_adjoints(Madj, messages, Q, kernels.q_slot_pos, half, Qadj)
+    binary.q_adjoints(Madj, messages, Q, kernels.q_slot_pos, kernels.binary_half, Qadj)
     del Madj, messages
     GP_h, GP_v = kernels.split_pairwise(g_p if pairwise_terms else None)
     del g_p
