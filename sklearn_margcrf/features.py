@@ -86,7 +86,7 @@ from scipy import ndimage
 from sklearn.base import BaseEstimator, TransformerMixin, clone
 from sklearn.model_selection import check_cv
 from sklearn.utils import get_tags
-from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.parallel import Parallel, delayed
 from sklearn.utils.validation import check_is_fitted
 
@@ -108,6 +108,7 @@ __all__ = [
     "sobel_magnitude",
     "rgb_difference",
     "threshold_features",
+    "quantile_thresholds",
     "edge_orientation",
     "split_by_orientation",
     "reduced_shape",
@@ -280,9 +281,18 @@ def fourier_feature_names(base_names):
     return [f"cos({s})" for s in sums] + [f"sin({s})" for s in sums]
 
 
-def _threshold_names(name, thresholds):
-    """``"<name>><t>"`` for each threshold, as :func:`threshold_features` orders them."""
-    return [f"{name}>{float(t):g}" for t in np.asarray(thresholds, dtype=np.float64).ravel()]
+def _threshold_names(name, thresholds, coding="cumulative"):
+    """Names of the columns of :func:`threshold_features`: ``"<name>><t>"``
+    (cumulative) or ``"<name> in (<t>, <t'>]"`` (one-hot); for
+    ``thresholds="quantiles"`` the thresholds are written ``q<k>/11``."""
+    if isinstance(thresholds, str):
+        labels = [f"q{k}/{N_QUANTILE_THRESHOLDS + 1}" for k in range(1, N_QUANTILE_THRESHOLDS + 1)]
+    else:
+        values = np.asarray(thresholds, dtype=np.float64).ravel()
+        labels = [f"{float(t):g}" for t in (values if coding == "cumulative" else np.sort(values))]
+    if coding == "cumulative":
+        return [f"{name}>{t}" for t in labels]
+    return [f"{name} in ({low}, {high}]" for low, high in zip(labels, labels[1:])] + [f"{name}>{labels[-1]}"]
 
 
 def position_features(shape):
@@ -371,11 +381,51 @@ def split_by_orientation(base, grid_shape):
     return out
 
 
-def threshold_features(values, thresholds):
-    """Indicators ``values > t`` for each threshold t, (E, len(thresholds)) floats."""
+#: How many thresholds ``"quantiles"`` places (as many as the fixed defaults).
+N_QUANTILE_THRESHOLDS = 10
+
+
+def quantile_thresholds(values, n_thresholds=N_QUANTILE_THRESHOLDS):
+    """Thresholds at the quantiles ``k / (n_thresholds + 1)`` of ``values``.
+
+    The sorted values at the 1-based positions ``round(E k / (n + 1))``,
+    k = 1..n (E values; rounding half up): the adaptive strategy that a
+    comment in Domke's toolbox (``edgeify_im.m``) gives as "similar in
+    practice" to its fixed thresholds. Each image then gets its own
+    thresholds, so that about ``k / (n + 1)`` of its edges lie at or below
+    the k-th.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if values.size == 0:
+        raise ValueError("quantile thresholds need at least one value")
+    positions = np.floor(values.size * np.arange(1, n_thresholds + 1) / (n_thresholds + 1) + 0.5).astype(np.int64)
+    return np.sort(values)[np.clip(positions - 1, 0, values.size - 1)]
+
+
+def threshold_features(values, thresholds, coding="cumulative"):
+    """Discretise ``values`` (E,) at ``thresholds``: (E, n_thresholds) floats.
+
+    ``coding="cumulative"``: the indicators ``values > t`` for each threshold
+    t, in the given order (what the paper and Domke's toolbox use).
+    ``coding="one_hot"``: with the thresholds sorted, t_1 <= ... <= t_n, the
+    indicators of ``t_k < value <= t_{k+1}`` for k < n and of ``value > t_n``;
+    a value at or below t_1 gets no 1. The two span the same space together
+    with a constant feature; they differ under a ridge penalty.
+    ``thresholds="quantiles"``: :func:`quantile_thresholds` of ``values``.
+    """
     values = np.asarray(values, dtype=np.float64)
+    if isinstance(thresholds, str):
+        if thresholds != "quantiles":
+            raise ValueError(f"thresholds must be a sequence of numbers or 'quantiles', got {thresholds!r}")
+        thresholds = quantile_thresholds(values)
     thresholds = np.asarray(thresholds, dtype=np.float64).ravel()
-    return (values[:, None] > thresholds[None, :]).astype(np.float64)
+    if coding == "cumulative":
+        return (values[:, None] > thresholds[None, :]).astype(np.float64)
+    if coding != "one_hot":
+        raise ValueError(f"coding must be 'cumulative' or 'one_hot', got {coding!r}")
+    above = values[:, None] > np.sort(thresholds)[None, :]
+    above[:, :-1] &= ~above[:, 1:]  # above t_k and not above t_{k+1}
+    return above.astype(np.float64)
 
 
 def rgb_difference(image, edges):
@@ -463,7 +513,7 @@ class _GridFeatures(TransformerMixin, BaseEstimator):
         if dtype is None or dtype.name not in ("float64", "float32"):
             raise ValueError(f"dtype must be numpy.float64 or numpy.float32, got {self.dtype!r}")
         for name in ("rgb_thresholds", "sobel_thresholds"):
-            if name in self.get_params(deep=False):
+            if name in self.get_params(deep=False) and not isinstance(getattr(self, name), str):
                 value = np.asarray(getattr(self, name), dtype=np.float64)
                 if value.ndim != 1 or value.size == 0 or not np.all(np.isfinite(value)):
                     raise ValueError(
@@ -594,7 +644,8 @@ class _ColourFeatures(_GridFeatures):
         "hog_cell_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "hog_block_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "fourier_scale": [Interval(numbers.Real, 0, None, closed="neither")],
-        "rgb_thresholds": ["array-like"],
+        "rgb_thresholds": ["array-like", StrOptions({"quantiles"})],
+        "threshold_coding": [StrOptions({"cumulative", "one_hot"})],
     }
 
     def _unary_map(self, image):
@@ -611,7 +662,7 @@ class _ColourFeatures(_GridFeatures):
 
     def _base_edge_features(self, reduced, edges):
         ones = np.ones((edges.shape[0], 1))
-        diff = threshold_features(rgb_difference(reduced, edges), self.rgb_thresholds)
+        diff = threshold_features(rgb_difference(reduced, edges), self.rgb_thresholds, self.threshold_coding)
         return [ones, diff]
 
     def _edge_features(self, reduced, edges, grid_shape):
@@ -623,7 +674,7 @@ class _ColourFeatures(_GridFeatures):
         return fourier_feature_names(_COLOUR_BASE_NAMES) + [f"hog[{k}]" for k in range(n_hog)]
 
     def _base_edge_names(self):
-        return ["1"] + _threshold_names("rgb_diff", self.rgb_thresholds)
+        return ["1"] + _threshold_names("rgb_diff", self.rgb_thresholds, self.threshold_coding)
 
 
 _COLOUR_DOC = """
@@ -647,8 +698,9 @@ class HorseFeatures(_ColourFeatures):
         + """
     Edge features (42 for the defaults): 21 base features -- a constant 1, the
     L2 norm of the RGB difference of i and j thresholded at
-    ``rgb_thresholds`` (``norm > t``, 10 indicators), and ``max(g_i, g_j)`` for
-    the Sobel gradient magnitude g (:func:`sobel_magnitude`) thresholded at
+    ``rgb_thresholds`` (``norm > t``, 10 indicators; see
+    ``threshold_coding``), and ``max(g_i, g_j)`` for the Sobel gradient
+    magnitude g (:func:`sobel_magnitude`) thresholded at
     ``sobel_thresholds`` (10 indicators) -- placed in the first half for a
     horizontal and in the second half for a vertical edge
     (:func:`split_by_orientation`). Column layout: ``[1, rgb>t_1..t_10,
@@ -669,17 +721,22 @@ class HorseFeatures(_ColourFeatures):
     fourier_scale : float, default=pi
         Frequency multiplier of the sinusoidal expansion (the paper writes
         sin(c.s); Domke's toolbox uses sin(pi c.s)).
-    rgb_thresholds : sequence of float, default=RGB_THRESHOLDS
-        (0.05, 0.10, ..., 0.50), for images in [0, 1].
-    sobel_thresholds : sequence of float, default=SOBEL_THRESHOLDS
+    rgb_thresholds : sequence of float or "quantiles", default=RGB_THRESHOLDS
+        (0.05, 0.10, ..., 0.50), for images in [0, 1]. ``"quantiles"``: each
+        image's own :func:`quantile_thresholds` (10) of its edges' values.
+    sobel_thresholds : sequence of float or "quantiles", default=SOBEL_THRESHOLDS
         (0.02, 0.04, ..., 0.20), on the gradient magnitude per pixel.
+    threshold_coding : {"cumulative", "one_hot"}, default="cumulative"
+        The thresholded features as indicators ``value > t`` (the paper's
+        and Domke's toolbox's) or as one-hot bins between consecutive
+        thresholds (:func:`threshold_features`).
 """
         + _COMMON_PARAMETERS_DOC
     )
 
     _parameter_constraints = {
         **_ColourFeatures._parameter_constraints,
-        "sobel_thresholds": ["array-like"],
+        "sobel_thresholds": ["array-like", StrOptions({"quantiles"})],
     }
 
     def __init__(
@@ -692,6 +749,7 @@ class HorseFeatures(_ColourFeatures):
         fourier_scale=np.pi,
         rgb_thresholds=RGB_THRESHOLDS,
         sobel_thresholds=SOBEL_THRESHOLDS,
+        threshold_coding="cumulative",
         n_jobs=None,
         dtype=np.float64,
     ):
@@ -702,6 +760,7 @@ class HorseFeatures(_ColourFeatures):
         self.fourier_scale = fourier_scale
         self.rgb_thresholds = rgb_thresholds
         self.sobel_thresholds = sobel_thresholds
+        self.threshold_coding = threshold_coding
         self.n_jobs = n_jobs
         self.dtype = dtype
 
@@ -709,11 +768,11 @@ class HorseFeatures(_ColourFeatures):
         sobel = sobel_magnitude(reduced).ravel()
         strongest = np.maximum(sobel[edges[:, 0]], sobel[edges[:, 1]])
         return super()._base_edge_features(reduced, edges) + [
-            threshold_features(strongest, self.sobel_thresholds)
+            threshold_features(strongest, self.sobel_thresholds, self.threshold_coding)
         ]
 
     def _base_edge_names(self):
-        return super()._base_edge_names() + _threshold_names("sobel", self.sobel_thresholds)
+        return super()._base_edge_names() + _threshold_names("sobel", self.sobel_thresholds, self.threshold_coding)
 
 
 class BackgroundFeatures(_ColourFeatures):
@@ -737,9 +796,14 @@ class BackgroundFeatures(_ColourFeatures):
     hog_cell_size : int, default=8
     hog_block_size : int, default=2
     fourier_scale : float, default=pi
-    rgb_thresholds : sequence of float, default=RGB_THRESHOLDS
+    rgb_thresholds : sequence of float or "quantiles", default=RGB_THRESHOLDS
         (0.05, 0.10, ..., 0.50), for images in [0, 1], applied on the reduced
-        image.
+        image. ``"quantiles"``: each image's own :func:`quantile_thresholds`
+        (10) of its edges' values.
+    threshold_coding : {"cumulative", "one_hot"}, default="cumulative"
+        The thresholded features as indicators ``value > t`` (the paper's
+        and Domke's toolbox's) or as one-hot bins between consecutive
+        thresholds (:func:`threshold_features`).
 """
         + _COMMON_PARAMETERS_DOC
     )
@@ -753,6 +817,7 @@ class BackgroundFeatures(_ColourFeatures):
         hog_block_size=2,
         fourier_scale=np.pi,
         rgb_thresholds=RGB_THRESHOLDS,
+        threshold_coding="cumulative",
         n_jobs=None,
         dtype=np.float64,
     ):
@@ -762,6 +827,7 @@ class BackgroundFeatures(_ColourFeatures):
         self.hog_block_size = hog_block_size
         self.fourier_scale = fourier_scale
         self.rgb_thresholds = rgb_thresholds
+        self.threshold_coding = threshold_coding
         self.n_jobs = n_jobs
         self.dtype = dtype
 

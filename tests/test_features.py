@@ -33,6 +33,7 @@ from sklearn_margcrf.features import (
     position_features,
     rgb_difference,
     sobel_magnitude,
+    quantile_thresholds,
     threshold_features,
     split_by_orientation,
 )
@@ -468,3 +469,72 @@ def test_combined_features_fit_passes_the_labels_to_every_part():
     combined = CombinedFeatures(unary=[_RecordsFitLabels()], edge=_RecordsFitLabels()).fit(images, labels)
     for part in combined.unary_transformers_ + combined.edge_transformers_:
         assert part.fit_labels_ is labels
+
+
+def test_one_hot_coding_is_the_bins_between_sorted_thresholds():
+    thresholds = [0.3, 0.1, 0.2]  # any order: one-hot bins follow the sorted thresholds
+    values = np.array([0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.31])
+    one_hot = threshold_features(values, thresholds, coding="one_hot")
+    np.testing.assert_array_equal(one_hot, [
+        [0, 0, 0], [0, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0], [0, 1, 0], [0, 0, 1],
+    ])
+    # the cumulative indicators of the sorted thresholds are the one-hot bins summed from the right
+    cumulative = threshold_features(values, sorted(thresholds))
+    np.testing.assert_array_equal(cumulative, np.cumsum(one_hot[:, ::-1], axis=1)[:, ::-1])
+    with pytest.raises(ValueError, match="coding"):
+        threshold_features(values, thresholds, coding="onehot")
+
+
+def test_quantile_thresholds_split_each_image_at_its_own_quantiles():
+    values = np.random.default_rng(3).permutation(np.linspace(0.0, 1.0, 110))
+    thresholds = quantile_thresholds(values)
+    assert thresholds.shape == (10,)
+    # 110 distinct values: the k-th threshold is the (10 k)-th smallest
+    np.testing.assert_array_equal([np.count_nonzero(values <= t) for t in thresholds], 10 * np.arange(1, 11))
+    np.testing.assert_array_equal(threshold_features(values, "quantiles"), threshold_features(values, thresholds))
+    np.testing.assert_array_equal(quantile_thresholds([2.0]), np.full(10, 2.0))
+    with pytest.raises(ValueError, match="at least one value"):
+        quantile_thresholds([])
+    with pytest.raises(ValueError, match="quantiles"):
+        threshold_features(values, "median")
+
+
+@pytest.mark.parametrize("transformer", [HorseFeatures, BackgroundFeatures])
+def test_threshold_options_of_the_colour_transformers(transformer):
+    rng = np.random.default_rng(4)
+    image = rng.uniform(0.2, 0.6, size=(12, 14, 3))
+    dimmer = 0.5 * image  # every difference and Sobel response halves
+
+    def edges(img, **params):
+        model = transformer(scale=1.0, **params)
+        [sample] = model.transform([img])
+        names = model.get_edge_feature_names_out()
+        assert len(names) == sample.edge_features.shape[1]
+        return sample.edge_features, names
+
+    fixed, _ = edges(image)
+    one_hot, names = edges(image, threshold_coding="one_hot")
+    assert fixed.shape == one_hot.shape and "horizontal:rgb_diff in (0.05, 0.1]" in names
+    # in each thresholded group (10 columns after the constant) at most one bin is on
+    # and the cumulative indicators are its bins summed from the right
+    groups = fixed.shape[1] // 2 // 10
+    for half in (0, fixed.shape[1] // 2):
+        for g in range(groups):
+            cols = slice(half + 1 + 10 * g, half + 11 + 10 * g)
+            assert one_hot[:, cols].sum(axis=1).max() <= 1
+            np.testing.assert_array_equal(fixed[:, cols], np.cumsum(one_hot[:, cols][:, ::-1], axis=1)[:, ::-1])
+    assert not np.array_equal(fixed, one_hot)
+    # per-image quantile thresholds do not see a change of contrast; fixed thresholds do
+    quantiles = dict(rgb_thresholds="quantiles")
+    if transformer is HorseFeatures:
+        quantiles["sobel_thresholds"] = "quantiles"
+    adaptive, names = edges(image, **quantiles)
+    np.testing.assert_array_equal(adaptive, edges(dimmer, **quantiles)[0])
+    assert not np.array_equal(fixed, edges(dimmer)[0])
+    assert "horizontal:rgb_diff>q1/11" in names
+    # each image's own thresholds: about k/11 of its edges at or below the k-th
+    rgb = adaptive[:, 1:11] + adaptive[:, fixed.shape[1] // 2 + 1 : fixed.shape[1] // 2 + 11]
+    np.testing.assert_allclose(1 - rgb.mean(axis=0), np.arange(1, 11) / 11, atol=0.01)
+    for bad, match in (({"threshold_coding": "onehot"}, "threshold_coding"), ({"rgb_thresholds": "median"}, "rgb_thresholds")):
+        with pytest.raises(ValueError, match=match):
+            transformer(**bad).transform([image])
