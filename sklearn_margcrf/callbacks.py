@@ -30,7 +30,9 @@ class SavedFit:
     weights after ``n_iter`` L-BFGS iterations of ``stage`` (see
     ``MarginalCRF(callback=...)``), the objective there, the seconds since
     the start of that ``fit``, the estimator's parameters (JSON values;
-    others as their ``repr``) and the package version."""
+    others as their ``repr``), the package version and ``stage_index``, the
+    stage's place in the fit's schedule (None in an initialising fit, and
+    in saves of versions before it was recorded)."""
 
     unary_coef: np.ndarray
     pairwise_coef: np.ndarray
@@ -40,16 +42,26 @@ class SavedFit:
     elapsed: float
     params: dict
     version: str
+    stage_index: object = None
 
     def fit_params(self, step=None):
-        """The keyword arguments of ``MarginalCRF.fit`` that start from these
-        weights; ``step`` names the estimator's step in a Pipeline (the keys
-        are then ``"<step>__unary_coef_init"``, ...)."""
+        """The keyword arguments of ``MarginalCRF.fit`` that resume from this
+        save: the weights, and ``stage_init=(stage_index, n_iter)`` when it
+        was made in a stage of the fit's schedule, so that the resumed fit
+        runs the rest of that stage and the later ones (its ``max_iter``,
+        ``incremental`` and ``random_state`` must be the saved fit's). A
+        save made in an initialising fit gives the weights only: the fit
+        starts from them without the initialising fits. ``step`` names the
+        estimator's step in a Pipeline (the keys are then
+        ``"<step>__unary_coef_init"``, ...)."""
         prefix = "" if step is None else f"{step}__"
-        return {
+        params = {
             f"{prefix}unary_coef_init": self.unary_coef.copy(),
             f"{prefix}pairwise_coef_init": self.pairwise_coef.copy(),
         }
+        if self.stage_index is not None:
+            params[f"{prefix}stage_init"] = (int(self.stage_index), int(self.n_iter))
+        return params
 
 
 def _json_value(value):
@@ -68,12 +80,14 @@ class Checkpoint:
     temporary file in the same folder, flushed to disk and renamed over
     ``path``, so that a fit killed at any moment leaves the previous save or
     the new one, never a partial file. Saves happen in every stage of the fit
-    (the initialising fits of ``init="independent"`` included); a fit resumed
-    from a save starts L-BFGS from those weights without the initialising
-    fits and without L-BFGS's curvature memory, and counts its iterations
-    from zero (give it ``max_iter - saved.n_iter`` for a fixed budget). One
-    file holds one fit: concurrent fits (``GridSearchCV`` clones, say) need
-    files of their own.
+    (the initialising fits of ``init="independent"`` included). A fit
+    resumed from a save (:meth:`fit_params`) starts L-BFGS from those
+    weights without the initialising fits and without L-BFGS's curvature
+    memory, in the stage of the schedule where the save was made, with that
+    stage's remaining iterations, then runs the later stages (those of
+    ``incremental``): the fit's budget is the same as without the
+    interruption. One file holds one fit: concurrent fits (``GridSearchCV``
+    clones, say) need files of their own.
 
     Parameters
     ----------
@@ -108,6 +122,7 @@ class Checkpoint:
         """Write ``progress`` (a ``MarginalCRF`` callback report) to ``path`` atomically."""
         meta = {
             "stage": progress.stage,
+            "stage_index": progress.get("stage_index"),
             "n_iter": int(progress.n_iter),
             "objective": float(progress.objective),
             "elapsed": float(progress.elapsed),

@@ -253,6 +253,32 @@ def _check_y(y, samples, classes=None, n_states=None):
     return [_encode(v, labelled, classes, f"y[{k}]") for k, (v, labelled) in enumerate(values)], classes
 
 
+def _check_stage_init(stage_init, stages, given, random_state):
+    """(stage index, iterations already run) of a resumed schedule, checked
+    against the fit's ``stages``; (0, 0) for None."""
+    if stage_init is None:
+        return 0, 0
+    try:
+        index, done = stage_init
+    except (TypeError, ValueError):
+        raise ValueError(f"stage_init must be a pair (stage index, iterations run), got {stage_init!r}") from None
+    for name, value in (("stage index", index), ("iterations run", done)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Integral, np.integer)) or value < 0:
+            raise ValueError(f"stage_init: the {name} must be an integer >= 0, got {value!r}")
+    if given is None:
+        raise ValueError("stage_init resumes from saved weights: give unary_coef_init and pairwise_coef_init too")
+    if index >= len(stages):
+        raise ValueError(f"stage_init: stage {index} does not exist, this fit has {len(stages)} stage(s)")
+    if done > stages[index][1]:
+        raise ValueError(f"stage_init: stage {index} runs at most {stages[index][1]} L-BFGS iterations, not {done}")
+    if len(stages) > 1 and not isinstance(random_state, (Integral, np.integer)):
+        raise ValueError(
+            "stage_init needs random_state to be the integer the fit was started with: the incremental "
+            f"stages' random subsets are rebuilt from it (got random_state={random_state!r})"
+        )
+    return int(index), int(done)
+
+
 def _check_coef_init(unary_coef_init, pairwise_coef_init, shape_f, shape_g):
     """Float64 copies (F, G) of the starting weights given to ``fit`` (zeros for
     the one not given), or None when neither is given."""
@@ -300,6 +326,10 @@ class _FitProgress:
     stopped: bool = False
     lost_workers: int = 0
     not_converged: list = field(default_factory=list)  # what L-BFGS could not do, per stage
+    # the callback's place in the schedule: the stage's index (None in the
+    # initialising fits) and the iterations it ran before a resume
+    stage_index: object = None
+    iterations_before: int = 0
 
 
 class _StopFit(Exception):
@@ -474,7 +504,10 @@ class MarginalCRF(BaseEstimator):
         included) as ``callback(progress)``, where ``progress`` is a
         :class:`~sklearn.utils.Bunch` with ``stage`` (``"independent"``,
         ``"surrogate_likelihood"`` for the initialising fits, ``"fit"`` or
-        ``"fit[k images]"``), ``n_iter`` (iterations of this stage so far),
+        ``"fit[k images]"``), ``stage_index`` (the stage's place in the
+        schedule, 0 for the first; None in the initialising fits),
+        ``n_iter`` (iterations of this stage so far, those before a resume
+        with ``stage_init`` included),
         ``objective``, ``unary_coef`` and ``pairwise_coef`` (copies of the
         current weights), ``n_restarts``, ``elapsed`` (seconds since the
         start of ``fit``) and ``params`` (the estimator's parameters). If it
@@ -812,7 +845,7 @@ class MarginalCRF(BaseEstimator):
     # -- fitting ------------------------------------------------------------------
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, *, unary_coef_init=None, pairwise_coef_init=None):
+    def fit(self, X, y, *, unary_coef_init=None, pairwise_coef_init=None, stage_init=None):
         """Fit ``F`` and ``G`` by L-BFGS on the mean loss per labelled node.
 
         Parameters
@@ -833,6 +866,18 @@ class MarginalCRF(BaseEstimator):
         pairwise_coef_init : ndarray of shape (n_states, n_states, n_edge_features), default=None
             Starting ``G``, likewise (not used by ``inference="independent"``,
             whose ``G`` stays zero).
+        stage_init : (int, int) or None, default=None
+            Where to resume the schedule of stages (one stage, or those of
+            ``incremental``): ``(k, n)`` starts in stage ``k`` (0-based) after
+            ``n`` of its L-BFGS iterations, from the weights given above
+            (required), skips the stages before it, gives stage ``k`` its
+            remaining iterations and runs the later ones as usual; the
+            callback counts the iterations of stage ``k`` from ``n``. The
+            stages' random subsets are rebuilt from ``random_state``, which
+            must then be the integer the fit started with. The
+            ``stage_index`` and ``n_iter`` of a callback report give it
+            (:meth:`~sklearn_margcrf.callbacks.Checkpoint.fit_params` does).
+            None: from the first stage.
 
         Returns
         -------
@@ -892,6 +937,7 @@ class MarginalCRF(BaseEstimator):
 
         info = {"n_iter": 0, "n_restarts": 0, "loss_curve": [], "time_curve": []}
         stages = self._stages(len(samples))
+        first_stage, iterations_run = _check_stage_init(stage_init, stages, given, self.random_state)
         moments = {}  # (image indices, class weights) -> the features' second moments, once per fit
 
         def preconditioner(objective, indices, batches):
@@ -925,6 +971,12 @@ class MarginalCRF(BaseEstimator):
             for stage, (indices, stage_max_iter) in enumerate(stages):
                 if progress.stopped:  # by the callback
                     break
+                if stage < first_stage:  # resumed after it
+                    continue
+                progress.iterations_before = iterations_run if stage == first_stage else 0
+                stage_max_iter -= progress.iterations_before
+                if stage_max_iter == 0 and stage_init is not None:
+                    continue
                 stage_labelled = int(sum(np.count_nonzero(labels[k] >= 0) for k in indices))
                 stage_weight = objective.total_weight([labels[k] for k in indices])
                 if stage_weight == 0:
@@ -932,6 +984,7 @@ class MarginalCRF(BaseEstimator):
                 name = "fit" if len(indices) == len(samples) else f"fit[{len(indices)} images]"
                 with contextlib.ExitStack() as stage_scope:
                     batches = batches_of(indices, stage_scope)
+                    progress.stage_index = None  # until the initialising fit is done
                     if start_surrogate:
                         self._log("init: fitting surrogate likelihood")
                         surrogate = self._objective("surrogate_likelihood", self.inference, shape_f, shape_g)  # unweighted
@@ -942,6 +995,7 @@ class MarginalCRF(BaseEstimator):
                         start_surrogate = False
                         if progress.stopped:
                             break
+                    progress.stage_index = stage
                     (unary_coef, pairwise_coef), stage_info = self._fit_weights(
                         objective, batches, unary_coef, pairwise_coef, stage_weight, name, progress,
                         stage_max_iter, preconditioner(objective, indices, batches), warn=stage == len(stages) - 1,
@@ -1113,8 +1167,11 @@ class MarginalCRF(BaseEstimator):
                 self._log(f"{stage} iter {len(curve):4d}  objective {f:.8g}  |grad| {gnorm:.3e}  time {times[-1]:.2f}s")
             if self.callback is not None:
                 unary_coef, pairwise_coef = unpack(w)
+                in_schedule = progress.stage_index is not None
                 report = Bunch(
-                    stage=stage, n_iter=len(curve), objective=f, unary_coef=unary_coef, pairwise_coef=pairwise_coef,
+                    stage=stage, stage_index=progress.stage_index,
+                    n_iter=len(curve) + (progress.iterations_before if in_schedule else 0), objective=f,
+                    unary_coef=unary_coef, pairwise_coef=pairwise_coef,
                     n_restarts=n_restarts, elapsed=times[-1], params=self.get_params(deep=False),
                 )
                 if self.callback(report):

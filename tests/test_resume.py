@@ -107,7 +107,8 @@ def test_a_stopped_fit_resumes_from_its_checkpoint(tmp_path):
     assert saved.n_iter == 4 and stopped.n_iter_ == 4
     np.testing.assert_array_equal(saved.unary_coef, stopped.unary_coef_)
     np.testing.assert_array_equal(saved.pairwise_coef, stopped.pairwise_coef_)
-    assert set(checkpoint.fit_params(step="crf")) == {"crf__unary_coef_init", "crf__pairwise_coef_init"}
+    assert set(checkpoint.fit_params(step="crf")) == {"crf__unary_coef_init", "crf__pairwise_coef_init", "crf__stage_init"}
+    assert checkpoint.fit_params()["stage_init"] == (0, 4)  # the rest of the fit: 16 iterations
     _check_resumed(path, stopped.loss_curve_[-1])
     assert os.listdir(tmp_path) == ["fit.npz"]
 
@@ -173,3 +174,106 @@ def test_a_failed_save_leaves_the_previous_one(tmp_path):
 def test_every_is_checked():
     with pytest.raises(ValueError, match="every must be an integer >= 1, got 0"):
         Checkpoint("fit.npz", every=0)
+
+
+X6, Y6 = make_structured_data(n_samples=6)
+
+
+def _incremental(callback=None, random_state=3):
+    # stages: 2 images x 8 L-BFGS iterations, 4 x 4, 6 x 2
+    return MarginalCRF(n_iter=2, max_iter=8, incremental=2, random_state=random_state, objective_tol=0.0,
+                       lbfgs_tol=0.0, callback=callback)
+
+
+def _fit6(model, **fit_params):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X6, Y6, **fit_params)
+
+
+def _reports():
+    seen = []
+    return seen, lambda progress: seen.append((progress.stage, progress.stage_index, progress.n_iter)) and False
+
+
+def test_an_incremental_fit_resumes_in_the_stage_where_it_was_saved(tmp_path):
+    whole_reports, record = _reports()
+    whole = _fit6(_incremental(record))
+    assert [r for r in whole_reports if r[2] == 1] == [
+        ("independent", None, 1), ("fit[2 images]", 0, 1), ("fit[4 images]", 1, 1), ("fit", 2, 1)]
+
+    path = tmp_path / "fit.npz"
+    checkpoint = Checkpoint(path, every=1)
+
+    def save_and_stop(progress):
+        checkpoint(progress)
+        return progress.stage_index == 1 and progress.n_iter == stop_at
+
+    # stopped at the end of the second stage: the resumed fit is the third stage of the whole fit, bit for bit
+    stop_at = 4
+    _fit6(_incremental(save_and_stop))
+    assert checkpoint.fit_params()["stage_init"] == (1, 4)
+    resumed_reports, record = _reports()
+    resumed = _fit6(_incremental(record), **checkpoint.fit_params())
+    assert resumed_reports == [r for r in whole_reports if r[1] == 2]
+    np.testing.assert_array_equal(resumed.unary_coef_, whole.unary_coef_)
+    np.testing.assert_array_equal(resumed.pairwise_coef_, whole.pairwise_coef_)
+
+    # stopped inside the second stage: its remaining 2 iterations, then the third stage's 2
+    stop_at = 2
+    _fit6(_incremental(save_and_stop))
+    saved = Checkpoint.load(path)
+    assert (saved.stage, saved.stage_index, saved.n_iter) == ("fit[4 images]", 1, 2)
+    resumed_reports, record = _reports()
+    seen_objectives = []
+
+    def record_both(progress):
+        seen_objectives.append(progress.objective)
+        return record(progress)
+
+    _fit6(_incremental(record_both), **checkpoint.fit_params())
+    assert resumed_reports == [("fit[4 images]", 1, 3), ("fit[4 images]", 1, 4), ("fit", 2, 1), ("fit", 2, 2)]
+    assert seen_objectives[0] <= saved.objective  # downhill from the save, in the same stage
+
+    # without stage_init the same weights start the whole schedule again
+    restarted_reports, record = _reports()
+    _fit6(_incremental(record), unary_coef_init=saved.unary_coef, pairwise_coef_init=saved.pairwise_coef)
+    assert [r[1] for r in restarted_reports] == [0] * 8 + [1] * 4 + [2] * 2
+
+
+def test_a_save_in_an_initialising_fit_resumes_without_a_stage():
+    reports = []
+
+    def stop_in_the_independent_fit(progress):
+        reports.append(progress)
+        return progress.stage == "independent" and progress.n_iter == 2
+
+    _fit6(_incremental(stop_in_the_independent_fit))
+    saved = reports[-1]
+    assert saved.stage_index is None
+    from sklearn_margcrf.callbacks import SavedFit
+
+    fit_params = SavedFit(saved.unary_coef, saved.pairwise_coef, saved.stage, saved.n_iter, saved.objective,
+                          saved.elapsed, {}, "0", saved.stage_index).fit_params()
+    assert set(fit_params) == {"unary_coef_init", "pairwise_coef_init"}
+
+
+@pytest.mark.parametrize("stage_init, extra, match", [
+    ((1, 0), {"unary_coef_init": None}, "give unary_coef_init and pairwise_coef_init"),
+    ((3, 0), {}, "stage 3 does not exist, this fit has 3 stage"),
+    ((1, 5), {}, "stage 1 runs at most 4 L-BFGS iterations, not 5"),
+    ((1, -1), {}, "iterations run must be an integer >= 0"),
+    ((1.0, 0), {}, "stage index must be an integer >= 0"),
+    (1, {}, "must be a pair"),
+    ((0, 0), {"random_state": None}, "needs random_state to be the integer"),
+])
+def test_stage_init_is_checked(stage_init, extra, match):
+    F, G = np.zeros((2, 3)), np.zeros((2, 2, 2))
+    fit_params = {"unary_coef_init": F, "pairwise_coef_init": G}
+    random_state = extra.pop("random_state", 3)
+    fit_params.update(extra)
+    fit_params = {k: v for k, v in fit_params.items() if v is not None}
+    if "unary_coef_init" not in fit_params:
+        fit_params.pop("pairwise_coef_init")
+    with pytest.raises(ValueError, match=match):
+        _fit6(_incremental(random_state=random_state), stage_init=stage_init, **fit_params)
