@@ -273,7 +273,7 @@ def require_data(path, name):
 # Long runs: features cached on disk, fits checkpointed and resumable
 
 
-def cached_features(transformer, images, keys, folder):
+def cached_features(transformer, images, keys, folder, edge_folder=None):
     """``transformer.transform(images)``, one image at a time, saved under
     ``folder`` and returned as read-only memory maps.
 
@@ -282,19 +282,26 @@ def cached_features(transformer, images, keys, folder):
     edge) would otherwise be held twice, here and in MarginalCRF's batches.
     ``keys`` name the images' files; a file already there is reused, so a
     resumed run skips the features (the folder name must encode every
-    setting that changes them).
+    setting that changes them). ``edge_folder`` (default ``folder``) keeps
+    the edge features apart, so that settings which change only one kind
+    share the other's files (full-resolution horses take 5 GB of node and
+    4 GB of edge features per 13 M pixels).
     """
     from sklearn_margcrf import CRFSample, grid_edges
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    edge_folder = folder if edge_folder is None else Path(edge_folder)
+    for place in (folder, edge_folder):
+        place.mkdir(parents=True, exist_ok=True)
     samples = []
     for image, key in zip(images, keys):
-        paths = {part: folder / f"{key}.{part}.npy" for part in ("node", "edge")}
+        paths = {"node": folder / f"{key}.node.npy", "edge": edge_folder / f"{key}.edge.npy"}
         shape_path = folder / f"{key}.shape.npy"
         if not all(p.exists() for p in (*paths.values(), shape_path)):
             [sample] = transformer.transform([image])
             for part, array in (("node", sample.node_features), ("edge", sample.edge_features)):
+                if paths[part].exists():
+                    continue
                 np.save(paths[part].with_suffix(".tmp.npy"), array)
                 paths[part].with_suffix(".tmp.npy").replace(paths[part])
             np.save(shape_path, np.array([*sample.grid_shape, *sample.image_shape]))
@@ -309,6 +316,15 @@ def cached_features(transformer, images, keys, folder):
             )
         )
     return samples
+
+
+def downscale_labels(labels, shape):
+    """Binary ``labels`` at the smaller ``shape``: 1 where the label-1 area
+    fraction (anti-aliased bilinear resize) exceeds 1/2."""
+    from skimage.transform import resize
+
+    fraction = resize(np.asarray(labels, dtype=np.float64), tuple(shape), order=1, anti_aliasing=True)
+    return (fraction > 0.5).astype(np.int64)
 
 
 def restore(model, weights):
@@ -365,6 +381,95 @@ def _handle_usr1(handler):
         return None
     previous = signal.signal(signal.SIGUSR1, handler)
     return signal.SIG_DFL if previous is None else previous  # None: not set from Python
+
+
+def write_json(path, value):
+    """Write ``value`` as JSON to ``path`` atomically (temporary file, then rename)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    os.replace(temporary, path)
+
+
+class ResumableFits:
+    """Fits of any schedule (``incremental`` stages included) that survive
+    being killed, through the library's
+    :class:`~sklearn_margcrf.callbacks.Checkpoint`: ``folder/<name>.fit.npz``
+    is saved every ``every`` L-BFGS iterations and a rerun resumes from it in
+    the stage where it was made (``Checkpoint.fit_params``); a finished
+    fit's weights go to ``folder/<name>.weights.npz`` and are only loaded
+    afterwards.
+
+    The seconds and L-BFGS iterations of a fit are summed over the runs
+    that made it: ``folder/<name>.progress.json`` is written after each
+    save with the totals up to that save (work after a run's last save is
+    lost and not counted; so are the L-BFGS restarts of an interrupted
+    run).
+    """
+
+    def __init__(self, folder, every=50, log=print):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.every = int(every)
+        self.log = log
+
+    def _path(self, name, part):
+        return self.folder / f"{name}.{part}"
+
+    def finished(self, name):
+        return self._path(name, "weights.npz").exists()
+
+    def load(self, name, model):
+        """``model`` restored to the finished fit ``name``, and its progress record."""
+        with np.load(self._path(name, "weights.npz"), allow_pickle=False) as data:
+            restore(model, {key: data[key] for key in ("unary_coef", "pairwise_coef")})
+        state = json.loads(self._path(name, "weights.json").read_text())
+        model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]
+        return model, state
+
+    def fit(self, name, model, X, y):
+        """Fit ``model`` (resuming ``name`` where a previous run saved it, or
+        loading it when finished); return the model and its progress record
+        (``seconds``, ``lbfgs_iterations``, ``restarts``, ``runs``)."""
+        from sklearn_margcrf.callbacks import Checkpoint
+
+        if self.finished(name):
+            return self.load(name, model)
+        checkpoint = Checkpoint(self._path(name, "fit.npz"), every=self.every)
+        progress_path = self._path(name, "progress.json")
+        before = {"seconds": 0.0, "lbfgs_iterations": 0, "restarts": 0, "runs": 0}
+        resume = checkpoint.fit_params()
+        if resume and progress_path.exists():
+            before = json.loads(progress_path.read_text())
+            self.log(f"    resuming {name} at stage {resume.get('stage_init')} after {before['lbfgs_iterations']} "
+                     f"L-BFGS iterations ({before['seconds']:.0f} s)")
+        counted = {"iterations": 0}
+
+        def save_and_count(progress):
+            # the iterations of the schedule's stages, as n_iter_ counts them (not the initialising fits')
+            counted["iterations"] += progress.stage_index is not None
+            if progress.n_iter % self.every == 0:
+                checkpoint.save(progress)
+                write_json(progress_path, {
+                    "seconds": before["seconds"] + progress.elapsed,
+                    "lbfgs_iterations": before["lbfgs_iterations"] + counted["iterations"],
+                    "restarts": before["restarts"], "runs": before["runs"] + 1,
+                })
+            return False
+
+        seconds = timed_fit(model.set_params(callback=save_and_count), X, y, **resume)
+        model.set_params(callback=None)
+        state = {
+            "seconds": before["seconds"] + seconds, "lbfgs_iterations": before["lbfgs_iterations"] + model.n_iter_,
+            "restarts": before["restarts"] + model.n_restarts_, "runs": before["runs"] + 1,
+        }
+        np.savez(self._path(name, "weights.tmp.npz"), unary_coef=model.unary_coef_, pairwise_coef=model.pairwise_coef_)
+        write_json(self._path(name, "weights.json"), state)
+        os.replace(self._path(name, "weights.tmp.npz"), self._path(name, "weights.npz"))
+        for part in ("fit.npz", "progress.json"):
+            self._path(name, part).unlink(missing_ok=True)
+        model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]
+        return model, state
 
 
 class Checkpoints:

@@ -38,6 +38,18 @@ L-BFGS iterations (6 x 8, then the 12 training images x 4). ``--rows``, ``--iter
 ``--max-iter``, ``--incremental`` select a part of the protocol (e.g. one fold
 at a time on a shared machine). Outputs in ``--out``: ``backgrounds_table.txt``,
 ``backgrounds_marginals.png``, ``backgrounds_results.json``.
+
+Long runs are resumable. Each fold's fit of a row saves its weights every
+``--segment`` L-BFGS iterations (the library's
+:class:`~sklearn_margcrf.callbacks.Checkpoint`) under ``--checkpoints``
+(default ``OUT/backgrounds_checkpoints/<settings>``), and its error counts
+are recorded as soon as it is evaluated. Run the same command again after an
+interruption: finished fits are read from their records and weights, an
+unfinished one resumes in the stage of the incremental schedule where it was
+saved, with that stage's remaining iterations (L-BFGS starts afresh there,
+as after the paper's re-initialisation). A fit that failed (truncated
+surrogate EM diverging) is recorded as failed and not retried.
+``--report-only`` writes the table and figure of the finished fits only.
 """
 
 import json
@@ -130,6 +142,7 @@ def _arguments(parser):
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the folds and the incremental subsets")
     parser.add_argument("--figure-image", default=None, help="id of the image shown in the figure (default: the first test image)")
+    _common.resumable_arguments(parser, "backgrounds")
 
 
 QUICK = dict(n_images=24, n_folds=2, iters=list(ITERATIONS), max_iter=8, incremental=6)
@@ -142,6 +155,9 @@ def _settings(args):
         args.incremental = None
     args.rows = _common.select(args.rows, ROWS, given_order=True)
     args.iters = sorted(set(args.iters))
+    settings = (f"images{args.n_images or 'all'}-folds{args.n_folds}-seed{args.seed}-scale{args.scale:g}"
+                f"-maxiter{args.max_iter}-incremental{args.incremental or 0}")
+    _common.checkpoint_folder(args, "backgrounds", settings)
     return args
 
 
@@ -168,6 +184,7 @@ def _model(key, n_iter, args, fold):
         incremental=args.incremental,
         random_state=args.seed + fold,
         n_jobs=args.n_jobs,
+        verbose=args.verbose,
         objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
         **params,
     )
@@ -212,34 +229,26 @@ def run(args):
     times = {fit: 0.0 for fit in fits}
     work = {fit: 0 for fit in fits}
     status = {fit: [] for fit in fits}
-    failed = set()
+    failed, finished = set(), 0
+    store = _common.ResumableFits(args.checkpoints, every=args.segment)
     for fold in fold_ids:
         train = np.flatnonzero(folds != fold)
         test = np.flatnonzero(folds == fold)
         X_train, y_train = [X[i] for i in train], [labels[i] for i in train]
         X_test, y_test = [X[i] for i in test], [labels[i] for i in test]
         for key, n_iter in fits:
-            name = ROWS[key][0] + (f" {n_iter} it." if n_iter is not None else "")
-            model = _model(key, n_iter, args, fold)
-            try:
-                with _common.ignore_convergence_warnings():
-                    model.fit(X_train, y_train)
-            except (FloatingPointError, ValueError, np.linalg.LinAlgError) as exc:
-                # e.g. truncated surrogate EM diverging to non-finite weights
-                print(f"  fold {fold} {name}: fit failed ({type(exc).__name__}: {exc})")
-                status[(key, n_iter)].append(f"fold {fold}: {type(exc).__name__}")
+            record, model = _fold_fit(store, args, fold, key, n_iter, X_train, y_train, X_test, y_test)
+            if record is None:  # --report-only: not finished yet
+                continue
+            finished += 1
+            if "failed" in record:
+                status[(key, n_iter)].append(f"fold {fold}: {record['failed'].split(':')[0]}")
                 failed.add((key, n_iter))
                 continue
-            times[(key, n_iter)] += model.fit_time_
-            work[(key, n_iter)] += schedule_work(len(train), args.incremental, args.max_iter)
-            with _common.Timer() as t_eval:
-                c_train = _common.error_counts(model, X_train, y_train)
-                c_test = _common.error_counts(model, X_test, y_test)
-            counts[(key, n_iter)] += np.array(c_train + c_test, dtype=np.int64)
-            print(f"  fold {fold} {name:32s} fit {model.fit_time_:8.1f} s ({model.n_iter_} L-BFGS it., "
-                  f"{model.n_restarts_} restarts)  train {c_train[0] / c_train[1]:.3f}  test {c_test[0] / c_test[1]:.3f}"
-                  f"  (evaluation {t_eval.seconds:.1f} s)", flush=True)
-            if figure_index in test and (n_iter is None or n_iter == figure_n_iter):
+            times[(key, n_iter)] += record["seconds"]
+            work[(key, n_iter)] += record["work"]
+            counts[(key, n_iter)] += np.array(record["counts"], dtype=np.int64)
+            if figure_index in test and (n_iter is None or n_iter == figure_n_iter) and model is not None:
                 position = int(np.flatnonzero(test == figure_index)[0])
                 figure_marginals[key] = model.predict_proba([X_test[position]])[0]
 
@@ -251,10 +260,50 @@ def run(args):
             errors[fit] = (c[0] / c[1], c[2] / c[3])
     return dict(
         data=data, labels=labels, folds=fold_ids, fits=fits, errors=errors, times=times, work=work,
+        finished=finished, n_cells=len(fits) * len(fold_ids),
         status=status, figure_index=figure_index, figure_n_iter=figure_n_iter,
         figure_marginals=figure_marginals, class_names=STANFORD_BACKGROUND_CLASSES,
         load_seconds=t_load.seconds, feature_seconds=t_feat.seconds,
     )
+
+
+def _fold_fit(store, args, fold, key, n_iter, X_train, y_train, X_test, y_test):
+    """(record, model) of one fold's fit of a row: read from its record when
+    there, otherwise fitted (resumed from its checkpoint if a previous run
+    saved one), evaluated and recorded; (None, None) with ``--report-only``
+    while it is not finished. The model is None when its weights are not
+    there (a failed fit)."""
+    name = ROWS[key][0] + (f" {n_iter} it." if n_iter is not None else "")
+    cell = f"fold{fold}-{key}" + (f"-{n_iter}it" if n_iter is not None else "")
+    record_path = Path(args.checkpoints) / f"{cell}.record.json"
+    model = _model(key, n_iter, args, fold)
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        model = store.load(cell, model)[0] if store.finished(cell) else None
+        note = "from its record"
+    elif args.report_only:
+        return None, None
+    else:
+        try:
+            model, state = store.fit(cell, model, X_train, y_train)
+        except (FloatingPointError, ValueError, np.linalg.LinAlgError) as exc:
+            # e.g. truncated surrogate EM diverging to non-finite weights: recorded, not retried
+            record, model = {"failed": f"{type(exc).__name__}: {exc}"}, None
+        else:
+            with _common.Timer() as t_eval:
+                c_train = _common.error_counts(model, X_train, y_train)
+                c_test = _common.error_counts(model, X_test, y_test)
+            record = dict(state, counts=list(c_train + c_test), evaluation_seconds=t_eval.seconds,
+                          work=schedule_work(len(X_train), args.incremental, args.max_iter))
+        _common.write_json(record_path, record)
+        note = f"{record.get('runs', 1)} run(s)"
+    if "failed" in record:
+        print(f"  fold {fold} {name}: fit failed ({record['failed']})", flush=True)
+    else:
+        c = record["counts"]
+        print(f"  fold {fold} {name:32s} fit {record['seconds']:8.1f} s ({record['lbfgs_iterations']} L-BFGS it., "
+              f"{record['restarts']} restarts, {note})  train {c[0] / c[1]:.3f}  test {c[2] / c[3]:.3f}", flush=True)
+    return record, model
 
 
 def _cell(value):
@@ -288,6 +337,7 @@ def tables(result, args):
         f"folds {folds} of {args.n_folds}, incremental={args.incremental}, max_iter={args.max_iter}; "
         "errors over labelled pixels at image resolution; non-truncated rows in the last column)"
     )
+    title += _common.partial_run_note(result["finished"], result["n_cells"])
     table = _common.format_table(title, header, rows, paper=paper)
 
     time_rows = []

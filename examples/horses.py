@@ -139,8 +139,7 @@ def _downscale(image, labels, scale):
         return image, labels
     shape = reduced_shape(image.shape, scale)
     small = resize(image, shape + image.shape[2:], order=1, anti_aliasing=True, preserve_range=True)
-    fraction = resize(labels.astype(np.float64), shape, order=1, anti_aliasing=True)
-    return small.astype(image.dtype), (fraction > 0.5).astype(np.int64)
+    return small.astype(image.dtype), _common.downscale_labels(labels, shape)
 
 
 def _load(args, subset, count):

@@ -80,3 +80,76 @@ def test_schedule_work():
     # 32 x 1000 + 64 x 500 + 100 x 250
     assert backgrounds.schedule_work(100, 32, 1000) == 32 * 1000 + 64 * 500 + 100 * 250
     assert backgrounds.schedule_work(10, None, 7) == 70
+
+
+def _recording_fits(monkeypatch):
+    """The keyword arguments of every MarginalCRF.fit call, in a list."""
+    from sklearn_margcrf import MarginalCRF
+
+    real_fit, calls = MarginalCRF.fit, []
+
+    def fit(self, X, y, **kwargs):
+        calls.append(kwargs)
+        return real_fit(self, X, y, **kwargs)
+
+    monkeypatch.setattr(MarginalCRF, "fit", fit)
+    return calls
+
+
+def test_backgrounds_rerun_reads_its_records_and_resumes_an_interrupted_fit(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+    from sklearn_margcrf.callbacks import Checkpoint
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=2)
+    out = tmp_path / "out"
+    # two training images: stages of 1 image x 4 L-BFGS iterations, then 2 x 2
+    argv = ["--data", str(tmp_path / "data"), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--folds", "0",
+            "--iters", "2", "--max-iter", "4", "--incremental", "1", "--segment", "1",
+            "--rows", "univariate_logistic,independent"]
+    real_save = Checkpoint.save
+
+    def save_then_die(self, progress):
+        real_save(self, progress)
+        if progress.stage_index == 1 and progress.n_iter == 1 and "univariate" in self.path:
+            raise KeyboardInterrupt("killed after a save in the second stage")
+
+    monkeypatch.setattr(Checkpoint, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        backgrounds.main(argv)
+    monkeypatch.setattr(Checkpoint, "save", real_save)
+    folder = next((out / "backgrounds_checkpoints").iterdir())
+    assert (folder / "fold0-univariate_logistic-2it.fit.npz").exists()
+    assert not (folder / "fold0-univariate_logistic-2it.record.json").exists()
+
+    calls = _recording_fits(monkeypatch)
+    resumed = backgrounds.main(argv)
+    # the interrupted fit resumed in its second stage after 1 iteration, then the independent row ran afresh
+    assert [c.get("stage_init") for c in calls] == [(1, 1), None]
+    record = json.loads((folder / "fold0-univariate_logistic-2it.record.json").read_text())
+    assert record["runs"] == 2 and record["lbfgs_iterations"] >= 2
+    assert not (folder / "fold0-univariate_logistic-2it.fit.npz").exists()  # kept only while unfinished
+
+    # a third run fits nothing and reports the same errors
+    monkeypatch.setattr(MarginalCRF, "fit", lambda *a, **k: pytest.fail("a finished fit was fitted again"))
+    assert backgrounds.main(argv)["errors"] == resumed["errors"]
+    assert backgrounds.main(argv + ["--report-only"])["errors"] == resumed["errors"]
+
+
+def test_backgrounds_report_only_shows_the_finished_fits(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=3)
+    out = tmp_path / "out"
+    argv = ["--data", str(tmp_path / "data"), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--folds", "0",
+            "--iters", "2", "--max-iter", "2", "--incremental", "0"]
+    done = backgrounds.main(argv + ["--rows", "independent"])
+    monkeypatch.setattr(MarginalCRF, "fit", lambda *a, **k: pytest.fail("--report-only fitted"))
+    report = backgrounds.main(argv + ["--rows", "univariate_logistic,independent", "--report-only"])
+    assert report["errors"][("independent", None)] == done["errors"][("independent", None)]
+    assert np.isnan(report["errors"][("univariate_logistic", 2)][0])
+    assert "PARTIAL RUN: 1 of 2 cells finished" in (out / "backgrounds_table.txt").read_text()
+    # other settings do not read these records: they fit
+    with pytest.raises(pytest.fail.Exception, match="--report-only fitted"):
+        backgrounds.main(argv[:-1] + ["1", "--rows", "independent"])
