@@ -383,12 +383,23 @@ def _handle_usr1(handler):
     return signal.SIG_DFL if previous is None else previous  # None: not set from Python
 
 
-def write_json(path, value):
-    """Write ``value`` as JSON to ``path`` atomically (temporary file, then rename)."""
+def write_atomically(path, content):
+    """Write ``content`` (bytes) to ``path`` through a temporary file, flushed
+    to disk and renamed: a run killed meanwhile leaves the previous file or
+    none, never half of one, which a resumed run would take for a record."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(value, indent=1, default=str) + "\n")
+    with open(temporary, "wb") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temporary, path)
+
+
+def write_json(path, value):
+    """Write ``value`` as indented JSON to ``path`` atomically (:func:`write_atomically`)."""
+    write_atomically(path, (json.dumps(value, indent=1, default=str) + "\n").encode())
 
 
 class ResumableFits:
@@ -525,7 +536,7 @@ class Checkpoints:
         with Timer() as timer:
             record = evaluate()
         record["evaluation_seconds"] = timer.seconds
-        path.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(path, record)
         return record
 
     def save(self, name, state):
