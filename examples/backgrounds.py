@@ -142,6 +142,8 @@ def _arguments(parser):
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the folds and the incremental subsets")
     parser.add_argument("--figure-image", default=None, help="id of the image shown in the figure (default: the first test image)")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="precision of inference and its gradients (MarginalCRF dtype; default float64, the paper's)")
     _common.resumable_arguments(parser, "backgrounds")
 
 
@@ -156,7 +158,8 @@ def _settings(args):
     args.rows = _common.select(args.rows, ROWS, given_order=True)
     args.iters = sorted(set(args.iters))
     settings = (f"images{args.n_images or 'all'}-folds{args.n_folds}-seed{args.seed}-scale{args.scale:g}"
-                f"-maxiter{args.max_iter}-incremental{args.incremental or 0}")
+                f"-maxiter{args.max_iter}-incremental{args.incremental or 0}"
+                + ("" if args.dtype == "float64" else f"-{args.dtype}"))
     _common.checkpoint_folder(args, "backgrounds", settings)
     return args
 
@@ -185,6 +188,7 @@ def _model(key, n_iter, args, fold):
         random_state=args.seed + fold,
         n_jobs=args.n_jobs,
         verbose=args.verbose,
+        dtype=args.dtype,
         objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
         **params,
     )

@@ -153,3 +153,20 @@ def test_backgrounds_report_only_shows_the_finished_fits(tmp_path, monkeypatch):
     # other settings do not read these records: they fit
     with pytest.raises(pytest.fail.Exception, match="--report-only fitted"):
         backgrounds.main(argv[:-1] + ["1", "--rows", "independent"])
+
+
+def test_backgrounds_dtype_is_the_fits_precision_with_checkpoints_of_its_own(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=4)
+    real_fit, seen = MarginalCRF.fit, []
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: seen.append(self.dtype) or real_fit(self, *a, **k))
+    argv = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--n-jobs", "1", "--n-folds", "2",
+            "--folds", "0", "--iters", "2", "--max-iter", "1", "--incremental", "0", "--rows", "univariate_logistic"]
+    backgrounds.main(argv + ["--dtype", "float32"])
+    assert seen == ["float32"]
+    backgrounds.main(argv)  # float64 does not read the float32 records: it fits
+    assert seen == ["float32", "float64"]
+    folders = sorted(p.name for p in (tmp_path / "out" / "backgrounds_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-float32" == folders[1]
