@@ -318,6 +318,19 @@ def cached_features(transformer, images, keys, folder, edge_folder=None):
     return samples
 
 
+def downscale(image, labels, scale):
+    """The image (anti-aliased) and its binary labels (:func:`downscale_labels`) at ``scale``."""
+    from skimage.transform import resize
+
+    from sklearn_margcrf.features import reduced_shape
+
+    if scale == 1:
+        return image, labels
+    shape = reduced_shape(image.shape, scale)
+    small = resize(image, shape + image.shape[2:], order=1, anti_aliasing=True, preserve_range=True)
+    return small.astype(image.dtype), downscale_labels(labels, shape)
+
+
 def downscale_labels(labels, shape):
     """Binary ``labels`` at the smaller ``shape``: 1 where the label-1 area
     fraction (anti-aliased bilinear resize) exceeds 1/2."""

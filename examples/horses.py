@@ -130,18 +130,6 @@ def _settings(args):
     return args
 
 
-def _downscale(image, labels, scale):
-    """The image (anti-aliased) and its labels (area fraction > 1/2) at ``scale``."""
-    from skimage.transform import resize
-    from sklearn_margcrf.features import reduced_shape
-
-    if scale == 1:
-        return image, labels
-    shape = reduced_shape(image.shape, scale)
-    small = resize(image, shape + image.shape[2:], order=1, anti_aliasing=True, preserve_range=True)
-    return small.astype(image.dtype), _common.downscale_labels(labels, shape)
-
-
 def _load(args, subset, count):
     """Samples (float32 features cached under ``--cache``, memory-mapped), labels, images."""
     from sklearn_margcrf.datasets import load_horses
@@ -153,7 +141,7 @@ def _load(args, subset, count):
         raise SystemExit(f"{exc}\n(pass --data PATH; see ../shared/data/README.md)") from None
     images, labels = [], []
     for image, mask in zip(data.images, data.labels):
-        image, mask = _downscale(image, mask, args.scale)
+        image, mask = _common.downscale(image, mask, args.scale)
         images.append(image)
         labels.append(mask)
     # features depend on the image and the scale only

@@ -71,7 +71,7 @@ def test_horses_downscale_labels():
     image = np.zeros((20, 30, 3), np.uint8)
     labels = np.zeros((20, 30), np.int64)
     labels[:, 15:] = 1
-    small, small_labels = horses._downscale(image, labels, 0.5)
+    small, small_labels = horses._common.downscale(image, labels, 0.5)
     assert small.shape == (10, 15, 3) and small.dtype == np.uint8
     assert small_labels.shape == (10, 15)
     assert small_labels[:, :7].max() == 0 and small_labels[:, 8:].min() == 1
