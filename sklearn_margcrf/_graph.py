@@ -56,6 +56,30 @@ def grid_edges(height, width):
     return np.ascontiguousarray(np.concatenate([horizontal, vertical], axis=0))
 
 
+def grid_shape_of(n, edges):
+    """(H, W) if ``edges`` (canonical, no duplicates) are exactly the
+    4-connected H x W grid on nodes numbered row-major, H, W >= 2; else None."""
+    m = edges.shape[0]
+    s = 2 * n - m          # H + W, since m = 2HW - H - W and n = HW
+    disc = s * s - 4 * n
+    if s <= 0 or disc < 0:
+        return None
+    root = int(round(np.sqrt(disc)))
+    if root * root != disc or (s - root) % 2:
+        return None
+    small, large = (s - root) // 2, (s + root) // 2
+    if small < 2 or small * large != n:
+        return None
+    keys = np.sort(edges[:, 0] * n + edges[:, 1])
+    for height, width in ((small, large), (large, small)):
+        index = np.arange(n, dtype=np.int64).reshape(height, width)
+        grid = np.concatenate([(index[:, :-1] * n + index[:, 1:]).ravel(),
+                               (index[:-1, :] * n + index[1:, :]).ravel()])
+        if np.array_equal(np.sort(grid), keys):
+            return height, width
+    return None
+
+
 class Incidence:
     """For every node, the edges that touch it (CSR layout).
 

@@ -63,7 +63,7 @@ from numba import njit
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ._graph import incidence
+from ._graph import grid_shape_of, incidence
 
 __all__ = ["exact_inference", "exact_hessian_vector", "MAX_TABLE_SIZE", "MAX_TOTAL_ENTRIES"]
 
@@ -314,30 +314,6 @@ def _eliminate_in_order(adjacency, order, n_states, max_table_size):
     return list(order), neighbours
 
 
-def _grid_shape(n, edges):
-    """(H, W) if ``edges`` (canonical, no duplicates) are exactly the
-    4-connected H x W grid on nodes numbered row-major, H, W >= 2; else None."""
-    m = edges.shape[0]
-    s = 2 * n - m          # H + W, since m = 2HW - H - W and n = HW
-    disc = s * s - 4 * n
-    if s <= 0 or disc < 0:
-        return None
-    root = int(round(np.sqrt(disc)))
-    if root * root != disc or (s - root) % 2:
-        return None
-    small, large = (s - root) // 2, (s + root) // 2
-    if small < 2 or small * large != n:
-        return None
-    keys = np.sort(edges[:, 0] * n + edges[:, 1])
-    for height, width in ((small, large), (large, small)):
-        index = np.arange(n, dtype=np.int64).reshape(height, width)
-        grid = np.concatenate([(index[:, :-1] * n + index[:, 1:]).ravel(),
-                               (index[:-1, :] * n + index[1:, :]).ravel()])
-        if np.array_equal(np.sort(grid), keys):
-            return height, width
-    return None
-
-
 def _grid_order(height, width):
     """Elimination order of width min(H, W) = the grid's treewidth: along the
     longer side, one line of the shorter side at a time."""
@@ -353,7 +329,7 @@ def _junction_tree(n, edges, unary, tables, max_table_size):
     for i, j in edges.tolist():
         adjacency[i].add(j)
         adjacency[j].add(i)
-    shape = _grid_shape(n, edges)
+    shape = grid_shape_of(n, edges)
     if shape is not None:
         # A plain 4-connected H x W grid has treewidth exactly min(H, W) (and
         # eliminating line by line attains it): refuse at once if too wide.

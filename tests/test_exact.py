@@ -7,8 +7,8 @@ import pytest
 from reference import (brute_force, chain_edges, joint_scores, random_model,
                        random_tree_edges)
 from sklearn_margcrf import exact as exact_module
-from sklearn_margcrf._graph import grid_edges
-from sklearn_margcrf.exact import (MAX_TABLE_SIZE, _forest, _grid_order, _grid_shape,
+from sklearn_margcrf._graph import grid_edges, grid_shape_of
+from sklearn_margcrf.exact import (MAX_TABLE_SIZE, _forest, _grid_order,
                                    _junction_tree, exact_hessian_vector, exact_inference)
 
 TOL = 1e-8
@@ -200,11 +200,11 @@ def test_grid_detection():
     rng = np.random.default_rng(95)
     edges = grid_edges(4, 7)
     canonical = np.sort(edges, axis=1)
-    assert _grid_shape(28, canonical[rng.permutation(len(edges))]) == (4, 7)
-    assert _grid_shape(28, np.sort(grid_edges(7, 4), axis=1)) == (7, 4)
-    assert _grid_shape(28, canonical[1:]) is None
+    assert grid_shape_of(28, canonical[rng.permutation(len(edges))]) == (4, 7)
+    assert grid_shape_of(28, np.sort(grid_edges(7, 4), axis=1)) == (7, 4)
+    assert grid_shape_of(28, canonical[1:]) is None
     two_triangles = np.array([[0, 1], [1, 2], [0, 2], [3, 4], [4, 5], [3, 5], [2, 3]])
-    assert _grid_shape(6, two_triangles) is None
+    assert grid_shape_of(6, two_triangles) is None
     for height, width in ((3, 5), (6, 4)):
         order = _grid_order(height, width)
         assert sorted(order) == list(range(height * width))

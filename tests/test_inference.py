@@ -77,6 +77,42 @@ def test_edge_appearance_probabilities_of_graphs_of_one_size_are_each_their_own(
             got[:] = 7.0  # the caller's own array: the next call does not see it
 
 
+def _kirchhoff(n_nodes, edges):
+    """Effective resistances from the pseudo-inverse of the whole Laplacian."""
+    laplacian = np.zeros((n_nodes, n_nodes))
+    for i, j in edges:
+        laplacian[[i, j], [i, j]] += 1.0
+        laplacian[i, j] -= 1.0
+        laplacian[j, i] -= 1.0
+    pinv = np.linalg.pinv(laplacian)
+    i, j = np.asarray(edges).T
+    return pinv[i, i] + pinv[j, j] - 2 * pinv[i, j]
+
+
+def test_uniform_spanning_tree_rule_on_grids_of_any_size():
+    """Past the dense path's size, a 4-connected grid's edge probabilities
+    are exact, in the order and direction the edges are given, sum to n - 1
+    (Foster) and are about 1/2 inside a large grid; another graph that big is
+    refused, naming the rule that works."""
+    height, width = 25, 31  # 775 nodes: past MAX_DENSE_NODES
+    edges = grid_edges(height, width)
+    order = RNG.permutation(len(edges))
+    shuffled = edges[order]
+    shuffled[::3] = shuffled[::3, ::-1]  # some edges from their other end
+    rho = edge_appearance_probabilities(height * width, shuffled, "uniform_spanning_tree")
+    np.testing.assert_allclose(rho, _kirchhoff(height * width, shuffled), atol=1e-10)
+    assert rho.sum() == pytest.approx(height * width - 1, abs=1e-8)
+    big = edge_appearance_probabilities(200 * 300, grid_edges(200, 300), "uniform_spanning_tree")
+    assert big.sum() == pytest.approx(200 * 300 - 1, abs=1e-6)
+    middle = grid_edges(200, 300)[:, 0] // 300
+    inside = (middle > 50) & (middle < 150) & (grid_edges(200, 300)[:, 0] % 300 > 50) & (grid_edges(200, 300)[:, 0] % 300 < 250)
+    np.testing.assert_allclose(big[inside], 0.5, atol=2e-4)
+    assert big.max() > 0.6  # the border's edges are in more trees
+    not_a_grid = np.concatenate([grid_edges(100, 101), [[0, 102]]])
+    with pytest.raises(ValueError, match="forest_cover"):
+        edge_appearance_probabilities(100 * 101, not_a_grid, "uniform_spanning_tree")
+
+
 def test_forest_cover_rule_is_valid_and_half_on_grids():
     rho = edge_appearance_probabilities(200 * 300, grid_edges(200, 300), "forest_cover")
     assert np.all(rho == 0.5)
