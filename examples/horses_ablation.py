@@ -32,11 +32,11 @@ The variants (``VARIANTS``; ``--variants`` picks some):
   thresholds halved or doubled.
 - ``hog-cell-4``, ``hog-cell-16``: HOG cells of 4 or 16 pixels instead of 8.
 - ``fourier-1``: ``sin(c.s)`` as the paper writes it, not ``sin(pi c.s)``.
-- ``rho-0.75``, ``rho-0.25``: other edge appearance probabilities than
-  rho = 0.5. (``rho="auto"`` is the default: on grids of more than 600
-  nodes it is the forest cover's 0.5; the uniform spanning tree's exact
-  probabilities need a dense solve that full-resolution images are too big
-  for. On a large grid they are 0.5 inside, a little more at the border.)
+- ``rho-ust``: the uniform spanning tree's exact edge probabilities
+  (``rho="uniform_spanning_tree"``: 0.5 inside an image, up to 0.7 at its
+  border) instead of the default's 0.5 everywhere (``rho="auto"`` on grids
+  of more than 600 nodes is the forest cover's 0.5).
+- ``rho-0.75``, ``rho-0.25``: other edge appearance probabilities.
 
 Fits use float32 (the package's ``dtype``; float32 and float64 fits of the
 denoising example test within 7e-5) and the default stopping rule, at most
@@ -76,6 +76,7 @@ VARIANTS = {
     "rgb-x0.5": ("RGB thresholds halved", {"rgb_thresholds": tuple(round(0.025 * k, 3) for k in range(1, 11))}, {}, 0),
     "sobel-x2": ("Sobel thresholds doubled", {"sobel_thresholds": tuple(round(0.04 * k, 2) for k in range(1, 11))}, {}, 0),
     "sobel-x0.5": ("Sobel thresholds halved", {"sobel_thresholds": tuple(round(0.01 * k, 2) for k in range(1, 11))}, {}, 0),
+    "rho-ust": ("rho of the uniform spanning tree (exact)", {}, {"rho": "uniform_spanning_tree"}, 0),
     "rho-0.75": ("rho = 0.75 on every edge", {}, {"rho": 0.75}, 0),
     "rho-0.25": ("rho = 0.25 on every edge", {}, {"rho": 0.25}, 0),
     "scale-0.75": ("CRF grid at 3/4 resolution", {"scale": 0.75}, {}, 0),
