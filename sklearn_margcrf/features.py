@@ -398,6 +398,8 @@ def quantile_thresholds(values, n_thresholds=N_QUANTILE_THRESHOLDS):
     values = np.asarray(values, dtype=np.float64).ravel()
     if values.size == 0:
         raise ValueError("quantile thresholds need at least one value")
+    if isinstance(n_thresholds, (bool, np.bool_)) or not isinstance(n_thresholds, numbers.Integral) or n_thresholds < 1:
+        raise ValueError(f"n_thresholds must be an integer >= 1, got {n_thresholds!r}")
     positions = np.floor(values.size * np.arange(1, n_thresholds + 1) / (n_thresholds + 1) + 0.5).astype(np.int64)
     return np.sort(values)[np.clip(positions - 1, 0, values.size - 1)]
 

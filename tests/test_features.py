@@ -495,6 +495,9 @@ def test_quantile_thresholds_split_each_image_at_its_own_quantiles():
     np.testing.assert_array_equal(quantile_thresholds([2.0]), np.full(10, 2.0))
     with pytest.raises(ValueError, match="at least one value"):
         quantile_thresholds([])
+    np.testing.assert_array_equal(quantile_thresholds(values, 1), [np.sort(values)[54]])  # the median: position 55 of 110
+    with pytest.raises(ValueError, match="n_thresholds"):
+        quantile_thresholds(values, 0)
     with pytest.raises(ValueError, match="quantiles"):
         threshold_features(values, "median")
 
