@@ -237,12 +237,13 @@ def fit_record(model, name, train_error, test_error, seconds, **extra):
     }
 
 
-def error_counts(model, X, labels, batch_size=16):
-    """(wrong, labelled) pixel counts of the MPM prediction at each image's own
-    resolution: ``predict_proba`` upsamples the grid marginals to the image
-    size when the sample carries one; hidden pixels (-1) are not counted.
-    Batched to bound the memory of the marginals."""
-    wrong = total = 0
+def per_image_error_counts(model, X, labels, batch_size=16):
+    """(wrong, labelled) pixel counts of the MPM prediction, one pair of
+    int64 arrays over the images, at each image's own resolution:
+    ``predict_proba`` upsamples the grid marginals to the image size when the
+    sample carries one; hidden pixels (-1) are not counted. Batched to bound
+    the memory of the marginals."""
+    wrong, total = [], []
     for start in range(0, len(X), batch_size):
         probs = model.predict_proba(X[start : start + batch_size])
         for p, y in zip(probs, labels[start : start + batch_size]):
@@ -250,9 +251,23 @@ def error_counts(model, X, labels, batch_size=16):
             if p.shape[:-1] != y.shape:
                 raise ValueError(f"marginals of shape {p.shape} do not fit labels of shape {y.shape}")
             observed = y >= 0
-            wrong += int(np.count_nonzero(np.argmax(p, axis=-1)[observed] != y[observed]))
-            total += int(np.count_nonzero(observed))
-    return wrong, total
+            wrong.append(np.count_nonzero(np.argmax(p, axis=-1)[observed] != y[observed]))
+            total.append(np.count_nonzero(observed))
+    return np.array(wrong, dtype=np.int64), np.array(total, dtype=np.int64)
+
+
+def error_counts(model, X, labels, batch_size=16):
+    """(wrong, labelled) pixel counts summed over the images (:func:`per_image_error_counts`)."""
+    wrong, total = per_image_error_counts(model, X, labels, batch_size)
+    return int(wrong.sum()), int(total.sum())
+
+
+def bootstrap_sd(statistic, n_images, draws=2000, seed=0):
+    """Standard deviation of ``statistic(indices)`` over ``draws`` resamples
+    of ``n_images`` images with replacement (seeded): how much a figure
+    pooled over a test set moves with the choice of its images."""
+    rng = np.random.default_rng(seed)
+    return float(np.std([statistic(rng.integers(0, n_images, n_images)) for _ in range(draws)]))
 
 
 def error_rate(model, X, labels, batch_size=16):

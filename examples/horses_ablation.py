@@ -102,6 +102,11 @@ def _arguments(parser):
                         help="precision of inference and its gradients (default float32)")
     parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_ablation_features)")
     parser.add_argument("--batch", type=int, default=16, help="images per batch when computing error rates (default 16)")
+    parser.add_argument(
+        "--table-spread", default=None, metavar="CHECKPOINTS",
+        help="fit nothing: the bootstrap spread over the test images of the horses table's cells whose weights "
+             "are in this horses.py checkpoint folder (40-iteration rows and the independent model)",
+    )
     _common.resumable_arguments(parser, "horses_ablation")
 
 
@@ -180,39 +185,84 @@ def run_variant(args, name, train, test):
     start = {"unary_coef": independent.unary_coef_, "pairwise_coef": independent.pairwise_coef_}
     model, state = store.fit("trw20", _model(args, **model_params), X_train, y_train, start, args.max_iter, args.segment)
 
+    def per_image_test_errors():
+        """Per test image: wrong pixels of both models and labelled pixels (for the bootstrap)."""
+        wrong, labelled = _common.per_image_error_counts(model, X_test, test_masks, args.batch)
+        independent_wrong, _ = _common.per_image_error_counts(independent, X_test, test_masks, args.batch)
+        return {"test_wrong": wrong.tolist(), "independent_test_wrong": independent_wrong.tolist(),
+                "test_labelled": labelled.tolist()}
+
     def evaluate():
+        per_image = per_image_test_errors()
+        labelled = sum(per_image["test_labelled"])
         return {
             "variant": name, "changes": description, "features": {k: str(v) for k, v in feature_params.items()},
             "model": {k: str(v) for k, v in model_params.items()}, "train_images": [first + 1, first + args.n_train],
-            "independent_test": _common.error_rate(independent, X_test, test_masks, args.batch),
+            "independent_test": sum(per_image["independent_test_wrong"]) / labelled,
             "independent_seconds": independent_state["seconds"],
             "independent_lbfgs_iterations": independent_state["lbfgs_iterations"],
             **_common.fit_record(
                 model, name, _common.error_rate(model, X_train, train_masks, args.batch),
-                _common.error_rate(model, X_test, test_masks, args.batch), state["seconds"],
+                sum(per_image["test_wrong"]) / labelled, state["seconds"],
             ),
             "feature_seconds": features.seconds,
+            **per_image,
         }
 
     record = store.record(record_name, evaluate)
+    if "test_wrong" not in record:  # a record made before the per-image counts were kept
+        record.update(per_image_test_errors())
+        _common.write_json(Path(args.checkpoints) / name / f"{record_name}.json", record)
     print(f"  {name:<20} independent test {record['independent_test']:.4f}   TRW 20: train {record['train']:.4f} "
           f"test {record['test']:.4f}   fit {record['seconds']:.0f} s ({record['lbfgs_iterations']} L-BFGS it.)",
           flush=True)
     return record
 
 
+def _pooled(wrong, labelled):
+    return lambda images: wrong[images].sum() / labelled[images].sum()
+
+
+def spreads(record, base=None):
+    """Bootstrap standard deviations over the test images (:func:`_common.bootstrap_sd`)
+    of the TRW model's test error, of its gain over the independent model
+    and of its difference to ``base`` (the paper's reading), or None where
+    the per-image counts are missing."""
+    if "test_wrong" not in record:
+        return None, None, None
+    wrong, independent = np.array(record["test_wrong"]), np.array(record["independent_test_wrong"])
+    labelled = np.array(record["test_labelled"])
+    trw, indep = _pooled(wrong, labelled), _pooled(independent, labelled)
+    n = len(wrong)
+    sd_test = _common.bootstrap_sd(trw, n)
+    sd_gain = _common.bootstrap_sd(lambda i: indep(i) - trw(i), n)
+    sd_base = None
+    if base is not None and "test_wrong" in base and len(base["test_wrong"]) == n and base is not record:
+        other = _pooled(np.array(base["test_wrong"]), np.array(base["test_labelled"]))
+        sd_base = _common.bootstrap_sd(lambda i: trw(i) - other(i), n)
+    return sd_test, sd_gain, sd_base
+
+
+def _sd(value):
+    return None if value is None else f"{value:.4f}"
+
+
 def table(args, records):
     base = records.get("paper")
-    header = ["Variant", "indep. te", "TRW20 tr", "TRW20 te", "te-paper", "fit s", "its"]
+    header = ["Variant", "indep. te", "TRW20 tr", "TRW20 te", "sd", "gain", "sd", "te-paper", "sd", "fit s", "its"]
     rows = []
     for name in args.variants:
         record = records.get(name)
         if record is None:
-            rows.append((name, [None] * 6))
+            rows.append((name, [None] * 10))
             continue
+        sd_test, sd_gain, sd_base = spreads(record, base)
         delta = None if base is None else f"{record['test'] - base['test']:+.4f}"
-        rows.append((name, [f"{record['independent_test']:.4f}", f"{record['train']:.4f}", f"{record['test']:.4f}",
-                            delta, f"{record['seconds']:.0f}", record["lbfgs_iterations"]]))
+        rows.append((name, [
+            f"{record['independent_test']:.4f}", f"{record['train']:.4f}", f"{record['test']:.4f}", _sd(sd_test),
+            f"{record['independent_test'] - record['test']:.4f}", _sd(sd_gain), delta, _sd(sd_base),
+            f"{record['seconds']:.0f}", record["lbfgs_iterations"],
+        ]))
     title = (
         "Horses ablation: univariate logistic, TRW with 20 truncated iterations, lambda 1e-3, from the "
         f"independent model;\n{args.n_train} training images per variant, the first {args.n_test} test images, errors "
@@ -220,10 +270,68 @@ def table(args, records):
         "iterations, default stopping rule.\n"
         "Paper (200 training images): univariate logistic TRW 20 test .093, independent test .125."
     )
+    title += (
+        "\ngain: independent test error minus TRW's; sd: bootstrap standard deviation over the test images "
+        "(2000 resamples; te-paper's is paired, image by image, with the paper's reading)."
+    )
     title += _common.partial_run_note(sum(r is not None for r in records.values()), len(args.variants))
     legend = "\n".join(f"  {name:<20} {VARIANTS[name][0]}" for name in args.variants)
     timing = f"\n\nVariants:\n{legend}\n\nFit seconds: {_common.run_description(args.n_jobs)}"
     return _common.format_table(title, header, rows) + timing
+
+
+#: horses.py cells whose spread --table-spread reports: (checkpoint, table row, MarginalCRF parameters)
+TABLE_CELLS = (
+    ("independent-1e-04", "independent", dict(inference="independent")),
+    ("ulogistic-trw-40", "univariate logistic TRW", dict(inference="trw", n_iter=40)),
+    ("clogistic-trw-40", "clique logistic TRW", dict(inference="trw", n_iter=40)),
+    ("smooth50-40", "sm. class. a=50 TRW", dict(inference="trw", n_iter=40)),
+    ("surrogate-trw-40", "surrogate likelihood TRW", dict(inference="trw", n_iter=40)),
+    ("ulogistic-mnf-40", "univariate logistic MNF", dict(inference="mean_field", n_iter=40)),
+)
+
+
+def table_spread(args, test):
+    """The horses table's test errors with their bootstrap spread over the
+    test images, and each model's gain over the independent model (paired),
+    beside the paper's; the weights from ``args.table_spread``."""
+    from sklearn_margcrf import MarginalCRF
+
+    from horses import PAPER
+
+    folder = Path(args.table_spread)
+    test_images, test_masks, test_ids = test
+    X_test = _samples(args, {}, test_images, test_ids)
+    counts = {}
+    for checkpoint, row, params in TABLE_CELLS:
+        path = folder / f"{checkpoint}.npz"
+        if not path.exists():
+            print(f"  {checkpoint}: no weights in {folder}, left out")
+            continue
+        with np.load(path) as saved:
+            model = _common.restore(MarginalCRF(n_jobs=args.n_jobs, **params), saved)
+        counts[row] = _common.per_image_error_counts(model, X_test, test_masks, args.batch)
+    if "independent" not in counts:
+        raise SystemExit(f"the independent model's weights (independent-1e-04.npz) are not in {folder}")
+    independent, labelled = _pooled(counts["independent"][0], counts["independent"][1]), counts["independent"][1]
+    n = len(labelled)
+    rows = []
+    for row, (wrong, _) in counts.items():
+        error = _pooled(wrong, labelled)
+        every = np.arange(n)
+        paper_test = PAPER[row][-1]
+        paper_gain = None if row == "independent" else f"{PAPER['independent'][-1] - paper_test:.4f}"
+        gain = None if row == "independent" else f"{independent(every) - error(every):.4f}"
+        sd_gain = None if row == "independent" else _sd(_common.bootstrap_sd(lambda i: independent(i) - error(i), n))
+        rows.append((row, [f"{error(every):.4f}", _sd(_common.bootstrap_sd(error, n)), f"{paper_test:.3f}",
+                           gain, sd_gain, paper_gain]))
+    title = (
+        f"Horses table, test errors over the first {n} test images with their bootstrap spread (sd: 2000 resamples "
+        f"of the test images), weights from {folder};\n40 iterations for the inference rows; gain: the independent "
+        "model's test error minus the row's (paired, image by image); the paper's at the right."
+    )
+    header = ["Cell", "test", "sd", "paper", "gain", "sd", "gain pap."]
+    return _common.report(_common.format_table(title, header, rows), args.out, "horses_test_spread.txt")
 
 
 def main(argv=None):
@@ -231,16 +339,20 @@ def main(argv=None):
     from sklearn_margcrf.datasets import load_horses
 
     args = _common.start_run("Horses ablation", __doc__, argv, _arguments, _settings)
-    first_needed = max(VARIANTS[name][3] for name in args.variants) + args.n_train
     try:
-        train = load_horses(args.data, subset="train", max_images=first_needed, n_train=args.split)
         test = load_horses(args.data, subset="test", max_images=args.n_test, n_train=args.split)
+        test = (test.images, [np.asarray(m, np.int64) for m in test.labels], test.ids)
+        if args.table_spread is not None:
+            with _common.blas_single_thread():
+                table_spread(args, test)
+            return {}
+        first_needed = max(VARIANTS[name][3] for name in args.variants) + args.n_train
+        train = load_horses(args.data, subset="train", max_images=first_needed, n_train=args.split)
     except FileNotFoundError as exc:
         raise SystemExit(f"{exc}\n(pass --data PATH; see ../shared/data/README.md)") from None
     if len(train.images) < first_needed:
         raise SystemExit(f"the variants need {first_needed} training images, the data set has {len(train.images)}")
     train = (train.images, [np.asarray(m, np.int64) for m in train.labels], train.ids)
-    test = (test.images, [np.asarray(m, np.int64) for m in test.labels], test.ids)
     records = {}
     with _common.blas_single_thread():
         for name in args.variants:

@@ -171,3 +171,12 @@ def test_partial_run_note_and_checkpoint_folder(tmp_path):
     args.segment = 0
     with pytest.raises(SystemExit, match="--segment"):
         _common.checkpoint_folder(args, "demo", "x")
+
+
+def test_bootstrap_sd_is_the_standard_error_of_a_mean():
+    values = np.random.default_rng(5).normal(size=400)
+    sd = _common.bootstrap_sd(lambda i: values[i].mean(), len(values), draws=4000)
+    assert sd == pytest.approx(values.std() / np.sqrt(len(values)), rel=0.1)
+    assert _common.bootstrap_sd(lambda i: 0.25, 10) == 0.0
+    # seeded: the same resamples every time
+    assert sd == _common.bootstrap_sd(lambda i: values[i].mean(), len(values), draws=4000)

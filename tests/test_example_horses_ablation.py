@@ -36,6 +36,11 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
     for record in records.values():
         for key in ("independent_test", "train", "test"):
             assert 0.0 <= record[key] <= 1.0
+        # the per-image counts behind the pooled test errors (for the bootstrap)
+        labelled = sum(record["test_labelled"])
+        assert len(record["test_wrong"]) == len(record["independent_test_wrong"]) == 1
+        assert sum(record["test_wrong"]) / labelled == record["test"]
+        assert sum(record["independent_test_wrong"]) / labelled == record["independent_test"]
     # two fits per variant: the independent model, then TRW from it
     assert [f[0] for f in fitted] == ["independent", "trw"] * 5
     paper, one_hot, half, rho, small = (fitted[k] for k in (1, 3, 5, 7, 9))
@@ -46,7 +51,7 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
     assert one_hot[3] == paper[3] and not np.array_equal(one_hot[4], paper[4])
     np.testing.assert_array_equal(rho[4], paper[4])  # rho changes the model, not the features
     table = (tmp_path / "horses_ablation_table.txt").read_text()
-    assert "one-hot threshold bins" in table and "te-paper" in table
+    assert "one-hot threshold bins" in table and "te-paper" in table and "bootstrap standard deviation" in table
     folder = next((tmp_path / "horses_ablation_checkpoints").iterdir())
     saved = json.loads((folder / "one-hot" / "errors-test1.json").read_text())
     assert saved["features"] == {"threshold_coding": "one_hot"} and saved["test"] == records["one-hot"]["test"]
@@ -57,3 +62,31 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
     assert horses_ablation.main(_argv(horses_dir, tmp_path, "paper,fourier-1") + ["--report-only"]) == {
         "paper": records["paper"]}
     assert "PARTIAL RUN: 1 of 2 cells finished" in (tmp_path / "horses_ablation_table.txt").read_text()
+
+
+def test_table_spread_reports_the_saved_cells_with_their_spread(horses_dir, tmp_path):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "horses_checkpoints"
+    folder.mkdir()
+    weights = {}
+    for name in ("independent-1e-04", "ulogistic-trw-40"):
+        weights[name] = dict(unary_coef=rng.normal(size=(2, 100)), pairwise_coef=rng.normal(size=(2, 2, 42)))
+        np.savez(folder / f"{name}.npz", **weights[name])
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "1", "--n-test", "2",
+            "--table-spread", str(folder)]
+    assert horses_ablation.main(argv) == {}
+    table = (tmp_path / "horses_test_spread.txt").read_text()
+    lines = {line.split("  ")[0]: line.split() for line in table.splitlines() if line.startswith(("independent", "univariate"))}
+    assert set(lines) == {"independent", "univariate logistic TRW"}
+    # the test error is the TRW model's (40 iterations) on the two test images, pooled
+    from sklearn_margcrf.datasets import load_horses
+    from sklearn_margcrf.features import HorseFeatures
+
+    test = load_horses(horses_dir, subset="test", n_train=1)
+    X = HorseFeatures(dtype=np.float32).transform(test.images)
+    trw = horses_ablation._common.restore(MarginalCRF(n_iter=40), weights["ulogistic-trw-40"])
+    wrong, total = horses_ablation._common.error_counts(trw, X, [np.asarray(m) for m in test.labels])
+    assert float(lines["univariate logistic TRW"][3]) == pytest.approx(wrong / total, abs=5e-5)
+    assert lines["univariate logistic TRW"][5] == "0.093"  # the paper's, beside
