@@ -22,6 +22,10 @@ The variants (``VARIANTS``; ``--variants`` picks some):
   else, as if the paper's copies of the images had been that size: HOG
   cells of 8 pixels then cover twice the length of the horse, and errors
   are counted at that resolution (``horses.py --scale 0.5``).
+- ``colour-resolution``: the colour images at their own resolution, the
+  masks resized to them (``load_horses(resolution="image")``; 3.6 times the
+  pixels at the median, errors counted there), instead of the colour images
+  resized to the masks.
 - ``one-hot``: the thresholded edge features as one-hot bins instead of
   cumulative indicators (the paper's "discretized as above 10 thresholds"
   read the other way).
@@ -66,6 +70,7 @@ VARIANTS = {
     "train-101-200": ("the next --n-train training images (the yardstick)", {}, {}, 100),
     "scale-0.5": ("CRF grid at half resolution", {"scale": 0.5}, {}, 0),
     "images-0.5": ("images at half resolution before everything", {"image_scale": 0.5}, {}, 0),
+    "colour-resolution": ("the colour images' own resolution (masks resized)", {"resolution": "image"}, {}, 0),
     "one-hot": ("one-hot threshold bins", {"threshold_coding": "one_hot"}, {}, 0),
     "quantile-thresholds": ("thresholds at each image's quantiles n/11",
                             {"rgb_thresholds": "quantiles", "sobel_thresholds": "quantiles"}, {}, 0),
@@ -83,10 +88,14 @@ VARIANTS = {
 }
 
 #: HorseFeatures parameters that change the node features; the others (but
-#: ``scale`` and ``image_scale``, which change both) change only the edge
-#: features. ``image_scale`` is this script's: the images and masks are
-#: downscaled by it before the features.
-UNARY_PARAMETERS = ("scale", "image_scale", "hog_orientations", "hog_cell_size", "hog_block_size", "fourier_scale")
+#: ``scale``, ``image_scale`` and ``resolution``, which change both) change
+#: only the edge features. ``image_scale`` and ``resolution`` are this
+#: script's: the images and masks are loaded at ``resolution``
+#: (:func:`~sklearn_margcrf.datasets.load_horses`) and downscaled by
+#: ``image_scale`` before the features.
+UNARY_PARAMETERS = ("scale", "image_scale", "resolution", "hog_orientations", "hog_cell_size", "hog_block_size",
+                    "fourier_scale")
+LOADING = ("image_scale", "resolution")
 
 QUICK = dict(n_train=2, n_test=2, max_iter=3)
 FULL = dict(n_train=100, n_test=128, max_iter=100)
@@ -137,11 +146,11 @@ def _folder_name(params, names):
 def _samples(args, feature_params, images, ids):
     from sklearn_margcrf.features import HorseFeatures
 
-    edge_names = set(feature_params) - set(UNARY_PARAMETERS) | {"scale", "image_scale"}
+    edge_names = set(feature_params) - set(UNARY_PARAMETERS) | {"scale", *LOADING}
     root = Path(args.cache)
     node_folder = root / ("node-" + _folder_name(feature_params, UNARY_PARAMETERS))
     edge_folder = root / ("edge-" + _folder_name(feature_params, edge_names))
-    params = {k: v for k, v in feature_params.items() if k != "image_scale"}
+    params = {k: v for k, v in feature_params.items() if k not in LOADING}
     transformer = HorseFeatures(dtype=np.float32, **params)
     return _common.cached_features(transformer, images, ids, node_folder, edge_folder)
 
@@ -164,6 +173,8 @@ def _model(args, **params):
 def run_variant(args, name, train, test):
     """Fit the independent model, then the TRW model from it; return the record."""
     description, feature_params, model_params, first = VARIANTS[name]
+    if feature_params.get("resolution", "mask") != "mask":
+        train, test = _load(args, first + args.n_train, feature_params["resolution"])
     train_images, train_masks, train_ids = (part[first : first + args.n_train] for part in train)
     test_images, test_masks, test_ids = test
     image_scale = feature_params.get("image_scale", 1.0)
@@ -334,25 +345,31 @@ def table_spread(args, test):
     return _common.report(_common.format_table(title, header, rows), args.out, "horses_test_spread.txt")
 
 
-def main(argv=None):
-    """Run the variants; return {variant: record} (finished ones only)."""
+def _load(args, n_train, resolution="mask"):
+    """(images, int64 masks, ids) of the first ``n_train`` training images and of the test images."""
     from sklearn_margcrf.datasets import load_horses
 
+    parts = []
+    for subset, count in (("train", n_train), ("test", args.n_test)):
+        try:
+            data = load_horses(args.data, subset=subset, max_images=count, n_train=args.split, resolution=resolution)
+        except FileNotFoundError as exc:
+            raise SystemExit(f"{exc}\n(pass --data PATH; see ../shared/data/README.md)") from None
+        if len(data.images) < count and subset == "train":
+            raise SystemExit(f"the variants need {count} training images, the data set has {len(data.images)}")
+        parts.append((data.images, [np.asarray(m, np.int64) for m in data.labels], data.ids))
+    return parts
+
+
+def main(argv=None):
+    """Run the variants; return {variant: record} (finished ones only)."""
     args = _common.start_run("Horses ablation", __doc__, argv, _arguments, _settings)
-    try:
-        test = load_horses(args.data, subset="test", max_images=args.n_test, n_train=args.split)
-        test = (test.images, [np.asarray(m, np.int64) for m in test.labels], test.ids)
-        if args.table_spread is not None:
-            with _common.blas_single_thread():
-                table_spread(args, test)
-            return {}
-        first_needed = max(VARIANTS[name][3] for name in args.variants) + args.n_train
-        train = load_horses(args.data, subset="train", max_images=first_needed, n_train=args.split)
-    except FileNotFoundError as exc:
-        raise SystemExit(f"{exc}\n(pass --data PATH; see ../shared/data/README.md)") from None
-    if len(train.images) < first_needed:
-        raise SystemExit(f"the variants need {first_needed} training images, the data set has {len(train.images)}")
-    train = (train.images, [np.asarray(m, np.int64) for m in train.labels], train.ids)
+    if args.table_spread is not None:
+        _, test = _load(args, 0)
+        with _common.blas_single_thread():
+            table_spread(args, test)
+        return {}
+    train, test = _load(args, max(VARIANTS[name][3] for name in args.variants) + args.n_train)
     records = {}
     with _common.blas_single_thread():
         for name in args.variants:

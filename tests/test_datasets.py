@@ -113,6 +113,19 @@ def test_horses_fixture(horses_dir):
         load_horses(horses_dir, ids=["horse999"])
 
 
+def test_horses_at_the_colour_images_resolution(horses_dir):
+    data = load_horses(horses_dir, n_train=2, resolution="image")
+    assert "masks resized to their colour images' size" in data.DESCR
+    at_masks = load_horses(horses_dir, n_train=2)
+    for k, (image, labels, small) in enumerate(zip(data.images, data.labels, at_masks.labels), start=1):
+        assert image.shape == (24, 32, 3) and labels.shape == (24, 32)  # the colour image as stored
+        expected = np.zeros((24, 32), int)
+        expected[6:18, 2 * (4 + k) : 24] = 1  # the mask's rectangle, twice as large
+        assert np.mean(labels != expected) < 0.03
+        # each 2 x 2 block of the upsampled labels mostly agrees with its mask pixel
+        assert np.mean(labels.reshape(12, 2, 16, 2).mean(axis=(1, 3)).round() != small) < 0.03
+
+
 def test_horses_shared():
     folder = _shared("horses")
     data = load_horses(folder, max_images=2)
@@ -285,6 +298,7 @@ def test_make_denoising_problem():
         (dict(threshold=0), "threshold must be a number in"),
         (dict(threshold=1000), "threshold must be a number in"),
         (dict(threshold="a"), "threshold must be a number in"),
+        (dict(resolution="rgb"), "resolution must be one of"),
     ],
 )
 def test_horses_bad_arguments(horses_dir, kwargs, match):

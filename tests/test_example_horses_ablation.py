@@ -28,11 +28,11 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
         return real_fit(self, X, y, **kwargs)
 
     monkeypatch.setattr(MarginalCRF, "fit", recording_fit)
-    variants = "paper,one-hot,scale-0.5,rho-0.25,images-0.5,train-101-200"
+    variants = "paper,one-hot,scale-0.5,rho-0.25,images-0.5,colour-resolution,train-101-200"
     with pytest.raises(SystemExit, match="the variants need 101 training images"):
         horses_ablation.main(_argv(horses_dir, tmp_path, variants))
     records = horses_ablation.main(_argv(horses_dir, tmp_path, variants.replace(",train-101-200", "")))
-    assert list(records) == ["paper", "one-hot", "scale-0.5", "rho-0.25", "images-0.5"]
+    assert list(records) == ["paper", "one-hot", "scale-0.5", "rho-0.25", "images-0.5", "colour-resolution"]
     for record in records.values():
         for key in ("independent_test", "train", "test"):
             assert 0.0 <= record[key] <= 1.0
@@ -42,12 +42,13 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
         assert sum(record["test_wrong"]) / labelled == record["test"]
         assert sum(record["independent_test_wrong"]) / labelled == record["independent_test"]
     # two fits per variant: the independent model, then TRW from it
-    assert [f[0] for f in fitted] == ["independent", "trw"] * 5
-    paper, one_hot, half, rho, small = (fitted[k] for k in (1, 3, 5, 7, 9))
+    assert [f[0] for f in fitted] == ["independent", "trw"] * 6
+    paper, one_hot, half, rho, small, colour = (fitted[k] for k in (1, 3, 5, 7, 9, 11))
     assert paper[1] is None and rho[1] == 0.25
     assert half[2] == reduced_shape(paper[2], 0.5) != paper[2]  # the grid at half resolution
     assert half[5] == paper[5] == paper[2]  # marginals upsampled to the image, errors counted there
     assert small[2] == small[5] == half[2]  # the image itself at half resolution
+    assert colour[2] == colour[5] == (24, 32)  # the fixture's colour images: twice the masks' size
     assert one_hot[3] == paper[3] and not np.array_equal(one_hot[4], paper[4])
     np.testing.assert_array_equal(rho[4], paper[4])  # rho changes the model, not the features
     table = (tmp_path / "horses_ablation_table.txt").read_text()
@@ -58,7 +59,7 @@ def test_horses_ablation_variants_reach_the_fit_and_resume(horses_dir, tmp_path,
 
     # a rerun fits nothing; --report-only too
     monkeypatch.setattr(MarginalCRF, "fit", lambda *a, **k: pytest.fail("a finished variant was fitted again"))
-    assert horses_ablation.main(_argv(horses_dir, tmp_path, "paper,one-hot,scale-0.5,rho-0.25,images-0.5")) == records
+    assert horses_ablation.main(_argv(horses_dir, tmp_path, "paper,one-hot,scale-0.5,rho-0.25,images-0.5,colour-resolution")) == records
     assert horses_ablation.main(_argv(horses_dir, tmp_path, "paper,fourier-1") + ["--report-only"]) == {
         "paper": records["paper"]}
     assert "PARTIAL RUN: 1 of 2 cells finished" in (tmp_path / "horses_ablation_table.txt").read_text()
