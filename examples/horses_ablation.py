@@ -58,6 +58,7 @@ about 5 GB of node and 4 GB of edge features per setting at full
 resolution; variants that change only one kind share the other's files.
 """
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,11 @@ def _arguments(parser):
     parser.add_argument("--cache", default=None, help="folder of the cached features (default OUT/horses_ablation_features)")
     parser.add_argument("--batch", type=int, default=16, help="images per batch when computing error rates (default 16)")
     parser.add_argument(
+        "--drop-features", action="store_true",
+        help="delete a variant's own cached features once its record is saved (the paper reading's are kept): "
+             "the full list needs about 100 GB otherwise",
+    )
+    parser.add_argument(
         "--table-spread", default=None, metavar="CHECKPOINTS",
         help="fit nothing: the bootstrap spread over the test images of the horses table's cells whose weights "
              "are in this horses.py checkpoint folder (40-iteration rows and the independent model)",
@@ -143,16 +149,20 @@ def _folder_name(params, names):
     return "-".join(parts) or "default"
 
 
+def _feature_folders(args, feature_params):
+    """The cache folders of the node and of the edge features that ``feature_params`` give."""
+    edge_names = set(feature_params) - set(UNARY_PARAMETERS) | {"scale", *LOADING}
+    root = Path(args.cache)
+    return (root / ("node-" + _folder_name(feature_params, UNARY_PARAMETERS)),
+            root / ("edge-" + _folder_name(feature_params, edge_names)))
+
+
 def _samples(args, feature_params, images, ids):
     from sklearn_margcrf.features import HorseFeatures
 
-    edge_names = set(feature_params) - set(UNARY_PARAMETERS) | {"scale", *LOADING}
-    root = Path(args.cache)
-    node_folder = root / ("node-" + _folder_name(feature_params, UNARY_PARAMETERS))
-    edge_folder = root / ("edge-" + _folder_name(feature_params, edge_names))
     params = {k: v for k, v in feature_params.items() if k not in LOADING}
     transformer = HorseFeatures(dtype=np.float32, **params)
-    return _common.cached_features(transformer, images, ids, node_folder, edge_folder)
+    return _common.cached_features(transformer, images, ids, *_feature_folders(args, feature_params))
 
 
 def _grid_labels(samples, masks):
@@ -173,6 +183,14 @@ def _model(args, **params):
 def run_variant(args, name, train, test):
     """Fit the independent model, then the TRW model from it; return the record."""
     description, feature_params, model_params, first = VARIANTS[name]
+    store = _common.Checkpoints(Path(args.checkpoints) / name)
+    record_name = f"errors-test{args.n_test}"
+    if store.has_record(record_name):
+        record = store.record(record_name, None)
+        if "test_wrong" in record or args.report_only:  # finished: no features needed
+            return record
+    elif args.report_only:
+        return None
     if feature_params.get("resolution", "mask") != "mask":
         train, test = _load(args, first + args.n_train, feature_params["resolution"])
     train_images, train_masks, train_ids = (part[first : first + args.n_train] for part in train)
@@ -185,10 +203,6 @@ def run_variant(args, name, train, test):
         X_train = _samples(args, feature_params, train_images, train_ids)
         X_test = _samples(args, feature_params, test_images, test_ids)
     y_train = _grid_labels(X_train, train_masks)
-    store = _common.Checkpoints(Path(args.checkpoints) / name)
-    record_name = f"errors-test{args.n_test}"
-    if args.report_only:
-        return store.record(record_name, None) if store.has_record(record_name) else None
     n_node, n_edge = X_train[0].node_features.shape[1], X_train[0].edge_features.shape[1]
     zeros = {"unary_coef": np.zeros((2, n_node)), "pairwise_coef": np.zeros((2, 2, n_edge))}
     independent, independent_state = store.fit(
@@ -227,6 +241,10 @@ def run_variant(args, name, train, test):
     print(f"  {name:<20} independent test {record['independent_test']:.4f}   TRW 20: train {record['train']:.4f} "
           f"test {record['test']:.4f}   fit {record['seconds']:.0f} s ({record['lbfgs_iterations']} L-BFGS it.)",
           flush=True)
+    if args.drop_features:
+        for folder in _feature_folders(args, feature_params):
+            if not folder.name.endswith("-default"):
+                shutil.rmtree(folder, ignore_errors=True)
     return record
 
 

@@ -91,3 +91,14 @@ def test_table_spread_reports_the_saved_cells_with_their_spread(horses_dir, tmp_
     wrong, total = horses_ablation._common.error_counts(trw, X, [np.asarray(m) for m in test.labels])
     assert float(lines["univariate logistic TRW"][3]) == pytest.approx(wrong / total, abs=5e-5)
     assert lines["univariate logistic TRW"][5] == "0.093"  # the paper's, beside
+
+
+def test_drop_features_keeps_only_the_paper_readings_and_reruns_need_none(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf.features import HorseFeatures
+
+    argv = _argv(horses_dir, tmp_path, "paper,one-hot") + ["--drop-features"]
+    records = horses_ablation.main(argv)
+    cache = tmp_path / "horses_ablation_features"
+    assert sorted(p.name for p in cache.iterdir()) == ["edge-default", "node-default"]
+    monkeypatch.setattr(HorseFeatures, "transform", lambda *a, **k: pytest.fail("features computed again"))
+    assert horses_ablation.main(argv) == records
