@@ -18,10 +18,13 @@ The variants (``VARIANTS``; ``--variants`` picks some):
   of the resolution (features computed at full resolution, then reduced, as
   the paper does for the backgrounds); marginals are upsampled and errors
   counted at full resolution, as for every other variant.
-- ``images-0.5``: the images and masks at half resolution before anything
-  else, as if the paper's copies of the images had been that size: HOG
-  cells of 8 pixels then cover twice the length of the horse, and errors
-  are counted at that resolution (``horses.py --scale 0.5``).
+- ``images-0.5``, ``images-0.75``: the images and masks at half / three
+  quarters resolution before anything else, as if the paper's copies of the
+  images had been that size (``horses.py --scale``): HOG cells of 8 pixels
+  then cover more of the horse and 20 TRW iterations reach further. Errors
+  are counted at the masks' full resolution like every other variant's (the
+  marginals upsampled as for ``scale-0.5``), and at the reduced resolution
+  too (``own res.`` in the table).
 - ``colour-resolution``: the colour images at their own resolution, the
   masks resized to them (``load_horses(resolution="image")``; 3.6 times the
   pixels at the median, errors counted there), instead of the colour images
@@ -71,6 +74,7 @@ VARIANTS = {
     "train-101-200": ("the next --n-train training images (the yardstick)", {}, {}, 100),
     "scale-0.5": ("CRF grid at half resolution", {"scale": 0.5}, {}, 0),
     "images-0.5": ("images at half resolution before everything", {"image_scale": 0.5}, {}, 0),
+    "images-0.75": ("images at 3/4 resolution before everything", {"image_scale": 0.75}, {}, 0),
     "colour-resolution": ("the colour images' own resolution (masks resized)", {"resolution": "image"}, {}, 0),
     "one-hot": ("one-hot threshold bins", {"threshold_coding": "one_hot"}, {}, 0),
     "quantile-thresholds": ("thresholds at each image's quantiles n/11",
@@ -182,12 +186,19 @@ def _model(args, **params):
 
 def run_variant(args, name, train, test):
     """Fit the independent model, then the TRW model from it; return the record."""
+    from sklearn_margcrf.sample import CRFSample
+
     description, feature_params, model_params, first = VARIANTS[name]
     store = _common.Checkpoints(Path(args.checkpoints) / name)
     record_name = f"errors-test{args.n_test}"
+    image_scale = feature_params.get("image_scale", 1.0)
+
+    def complete(record):
+        return "test_wrong" in record and (image_scale == 1 or "full_test_wrong" in record)
+
     if store.has_record(record_name):
         record = store.record(record_name, None)
-        if "test_wrong" in record or args.report_only:  # finished: no features needed
+        if complete(record) or args.report_only:  # finished: no features needed
             return record
     elif args.report_only:
         return None
@@ -195,7 +206,7 @@ def run_variant(args, name, train, test):
         train, test = _load(args, first + args.n_train, feature_params["resolution"])
     train_images, train_masks, train_ids = (part[first : first + args.n_train] for part in train)
     test_images, test_masks, test_ids = test
-    image_scale = feature_params.get("image_scale", 1.0)
+    full_test_masks = test_masks
     if image_scale != 1:
         train_images, train_masks = zip(*(_common.downscale(i, m, image_scale) for i, m in zip(train_images, train_masks)))
         test_images, test_masks = zip(*(_common.downscale(i, m, image_scale) for i, m in zip(test_images, test_masks)))
@@ -214,8 +225,19 @@ def run_variant(args, name, train, test):
         """Per test image: wrong pixels of both models and labelled pixels (for the bootstrap)."""
         wrong, labelled = _common.per_image_error_counts(model, X_test, test_masks, args.batch)
         independent_wrong, _ = _common.per_image_error_counts(independent, X_test, test_masks, args.batch)
-        return {"test_wrong": wrong.tolist(), "independent_test_wrong": independent_wrong.tolist(),
-                "test_labelled": labelled.tolist()}
+        counts = {"test_wrong": wrong.tolist(), "independent_test_wrong": independent_wrong.tolist(),
+                  "test_labelled": labelled.tolist()}
+        if image_scale != 1:
+            # Also against the full-resolution masks, as every other variant:
+            # the grid's marginals upsampled to them (predict_proba, as for scale-0.5).
+            X_full = [CRFSample(*s, grid_shape=s.grid_shape, image_shape=m.shape)
+                      for s, m in zip(X_test, full_test_masks)]
+            wrong, labelled = _common.per_image_error_counts(model, X_full, full_test_masks, args.batch)
+            independent_wrong, _ = _common.per_image_error_counts(independent, X_full, full_test_masks, args.batch)
+            counts.update(full_test_wrong=wrong.tolist(), full_independent_test_wrong=independent_wrong.tolist(),
+                          full_test_labelled=labelled.tolist(), full_test=int(wrong.sum()) / int(labelled.sum()),
+                          full_independent_test=int(independent_wrong.sum()) / int(labelled.sum()))
+        return counts
 
     def evaluate():
         per_image = per_image_test_errors()
@@ -235,17 +257,27 @@ def run_variant(args, name, train, test):
         }
 
     record = store.record(record_name, evaluate)
-    if "test_wrong" not in record:  # a record made before the per-image counts were kept
+    if not complete(record):  # a record made before the per-image (or full-resolution) counts were kept
         record.update(per_image_test_errors())
         _common.write_json(Path(args.checkpoints) / name / f"{record_name}.json", record)
-    print(f"  {name:<20} independent test {record['independent_test']:.4f}   TRW 20: train {record['train']:.4f} "
-          f"test {record['test']:.4f}   fit {record['seconds']:.0f} s ({record['lbfgs_iterations']} L-BFGS it.)",
+    shown = at_full_resolution(record)
+    print(f"  {name:<20} independent test {shown['independent_test']:.4f}   TRW 20: train {record['train']:.4f} "
+          f"test {shown['test']:.4f}   fit {record['seconds']:.0f} s ({record['lbfgs_iterations']} L-BFGS it.)",
           flush=True)
     if args.drop_features:
         for folder in _feature_folders(args, feature_params):
             if not folder.name.endswith("-default"):
                 shutil.rmtree(folder, ignore_errors=True)
     return record
+
+
+def at_full_resolution(record):
+    """The record's test errors and counts against the full-resolution masks:
+    the ``full_*`` ones of the variants that reduce the images first."""
+    if "full_test_wrong" not in record:
+        return record
+    keys = ("test", "independent_test", "test_wrong", "independent_test_wrong", "test_labelled")
+    return {**record, **{key: record["full_" + key] for key in keys}, **{key + "_own": record[key] for key in keys}}
 
 
 def _pooled(wrong, labelled):
@@ -277,6 +309,7 @@ def _sd(value):
 
 
 def table(args, records):
+    records = {name: at_full_resolution(record) for name, record in records.items() if record is not None}
     base = records.get("paper")
     header = ["Variant", "indep. te", "TRW20 tr", "TRW20 te", "sd", "gain", "sd", "te-paper", "sd", "fit s", "its"]
     rows = []
@@ -294,8 +327,9 @@ def table(args, records):
         ]))
     title = (
         "Horses ablation: univariate logistic, TRW with 20 truncated iterations, lambda 1e-3, from the "
-        f"independent model;\n{args.n_train} training images per variant, the first {args.n_test} test images, errors "
-        f"at the images' resolution (the masks' but for images-0.5 and colour-resolution); {args.dtype}, at most {args.max_iter} L-BFGS "
+        f"independent model;\n{args.n_train} training images per variant, the first {args.n_test} test images, test errors "
+        f"at the masks' resolution (the colour images' for colour-resolution; train errors at the fitted resolution); "
+        f"{args.dtype}, at most {args.max_iter} L-BFGS "
         "iterations, default stopping rule.\n"
         "Paper (200 training images): univariate logistic TRW 20 test .093, independent test .125."
     )
@@ -305,8 +339,20 @@ def table(args, records):
     )
     title += _common.partial_run_note(sum(r is not None for r in records.values()), len(args.variants))
     legend = "\n".join(f"  {name:<20} {VARIANTS[name][0]}" for name in args.variants)
-    timing = f"\n\nVariants:\n{legend}\n\nFit seconds: {_common.run_description(args.n_jobs)}"
+    reduced = "".join(
+        f"\n  {name:<20} independent {record['independent_test_own']:.4f}, TRW 20 {record['test_own']:.4f}"
+        for name, record in ((n, _own_resolution(records.get(n))) for n in args.variants) if record is not None)
+    if reduced:
+        reduced = "\n\nTest errors at the reduced resolution (masks reduced like the images):" + reduced
+    timing = f"\n\nVariants:\n{legend}{reduced}\n\nFit seconds: {_common.run_description(args.n_jobs)}"
     return _common.format_table(title, header, rows) + timing
+
+
+def _own_resolution(record):
+    """The record (turned by :func:`at_full_resolution`) if it has errors at a reduced resolution, else None."""
+    if record is None or "test_own" not in record:
+        return None
+    return record
 
 
 #: horses.py cells whose spread --table-spread reports: (checkpoint, table row, MarginalCRF parameters)
