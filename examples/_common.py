@@ -346,6 +346,15 @@ def downscale(image, labels, scale):
     return small.astype(image.dtype), downscale_labels(labels, shape)
 
 
+def with_image_shapes(samples, shapes):
+    """The samples with their ``image_shape`` set to ``shapes``: their
+    marginals (``predict_proba``) are then upsampled to those shapes, where
+    errors can be counted against labels at that resolution."""
+    from sklearn_margcrf.sample import CRFSample
+
+    return [CRFSample(*s, grid_shape=s.grid_shape, image_shape=tuple(shape)) for s, shape in zip(samples, shapes)]
+
+
 def downscale_labels(labels, shape):
     """Binary ``labels`` at the smaller ``shape``: 1 where the label-1 area
     fraction (anti-aliased bilinear resize) exceeds 1/2."""

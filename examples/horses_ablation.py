@@ -186,8 +186,6 @@ def _model(args, **params):
 
 def run_variant(args, name, train, test):
     """Fit the independent model, then the TRW model from it; return the record."""
-    from sklearn_margcrf.sample import CRFSample
-
     description, feature_params, model_params, first = VARIANTS[name]
     store = _common.Checkpoints(Path(args.checkpoints) / name)
     record_name = f"errors-test{args.n_test}"
@@ -230,8 +228,7 @@ def run_variant(args, name, train, test):
         if image_scale != 1:
             # Also against the full-resolution masks, as every other variant:
             # the grid's marginals upsampled to them (predict_proba, as for scale-0.5).
-            X_full = [CRFSample(*s, grid_shape=s.grid_shape, image_shape=m.shape)
-                      for s, m in zip(X_test, full_test_masks)]
+            X_full = _common.with_image_shapes(X_test, [m.shape for m in full_test_masks])
             wrong, labelled = _common.per_image_error_counts(model, X_full, full_test_masks, args.batch)
             independent_wrong, _ = _common.per_image_error_counts(independent, X_full, full_test_masks, args.batch)
             counts.update(full_test_wrong=wrong.tolist(), full_independent_test_wrong=independent_wrong.tolist(),

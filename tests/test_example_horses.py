@@ -33,7 +33,18 @@ def test_horses_example(horses_dir, tmp_path):  # noqa: F811
     assert len(json.loads((out / "horses_results.json").read_text())) == len(expected)
 
 
-def test_horses_downscaled(horses_dir, tmp_path):  # noqa: F811
+def test_horses_downscaled(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+    from sklearn_margcrf.datasets import load_horses
+
+    predict_proba, shapes = MarginalCRF.predict_proba, set()
+
+    def recording_predict_proba(self, X):
+        probs = predict_proba(self, X)
+        shapes.update(p.shape[:2] for p in probs)
+        return probs
+
+    monkeypatch.setattr(MarginalCRF, "predict_proba", recording_predict_proba)
     out = tmp_path / "results"
     results = horses.main([
         "--data", str(horses_dir), "--out", str(out), "--n-jobs", "1", "--scale", "0.5",
@@ -43,6 +54,11 @@ def test_horses_downscaled(horses_dir, tmp_path):  # noqa: F811
     errors = np.array([v for row in results.values() for v in (row["train"], row["test"])])
     assert np.all((errors >= 0) & (errors <= 1))
     assert "at scale 0.5" in (out / "horses_table.txt").read_text()
+    # train errors at the reduced resolution, test errors against the full-resolution masks
+    train_shape = np.shape(load_horses(horses_dir, subset="train", n_train=2).labels[0])
+    test_shape = np.shape(load_horses(horses_dir, subset="test", n_train=2).labels[0])
+    assert shapes == {horses._common.downscale(np.zeros(train_shape + (3,)), np.zeros(train_shape), 0.5)[1].shape,
+                      test_shape}
 
 
 def test_horses_dtype_is_the_fits_precision_with_checkpoints_of_its_own(horses_dir, tmp_path, monkeypatch):  # noqa: F811
