@@ -18,8 +18,8 @@ The variants (``VARIANTS``; ``--variants`` picks some):
   of the resolution (features computed at full resolution, then reduced, as
   the paper does for the backgrounds); marginals are upsampled and errors
   counted at full resolution, as for every other variant.
-- ``images-0.5``, ``images-0.75``: the images and masks at half / three
-  quarters resolution before anything else, as if the paper's copies of the
+- ``images-0.25``, ``images-0.5``, ``images-0.75``: the images and masks
+  at a quarter, half or three quarters resolution before anything else, as if the paper's copies of the
   images had been that size (``horses.py --scale``): HOG cells of 8 pixels
   then cover more of the horse and 20 TRW iterations reach further. Errors
   are counted at the masks' full resolution like every other variant's (the
@@ -75,6 +75,7 @@ VARIANTS = {
     "scale-0.5": ("CRF grid at half resolution", {"scale": 0.5}, {}, 0),
     "images-0.5": ("images at half resolution before everything", {"image_scale": 0.5}, {}, 0),
     "images-0.75": ("images at 3/4 resolution before everything", {"image_scale": 0.75}, {}, 0),
+    "images-0.25": ("images at 1/4 resolution before everything", {"image_scale": 0.25}, {}, 0),
     "colour-resolution": ("the colour images' own resolution (masks resized)", {"resolution": "image"}, {}, 0),
     "one-hot": ("one-hot threshold bins", {"threshold_coding": "one_hot"}, {}, 0),
     "quantile-thresholds": ("thresholds at each image's quantiles n/11",
