@@ -170,3 +170,22 @@ def test_backgrounds_dtype_is_the_fits_precision_with_checkpoints_of_its_own(tmp
     assert seen == ["float32", "float64"]
     folders = sorted(p.name for p in (tmp_path / "out" / "backgrounds_checkpoints").iterdir())
     assert len(folders) == 2 and folders[0] + "-float32" == folders[1]
+
+
+def test_backgrounds_cache_gives_the_same_results_and_spares_the_features(tmp_path, monkeypatch):
+    import backgrounds
+
+    from sklearn_margcrf.features import BackgroundFeatures
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=2)
+    argv = ["--data", str(tmp_path / "data"), "--n-jobs", "1", "--n-folds", "2", "--folds", "0", "--iters", "2",
+            "--max-iter", "2", "--incremental", "0", "--rows", "univariate_logistic"]
+    plain = backgrounds.main(argv + ["--out", str(tmp_path / "plain")])
+    cache = tmp_path / "features"
+    cached = backgrounds.main(argv + ["--out", str(tmp_path / "cached"), "--cache", str(cache)])
+    assert cached["errors"] == plain["errors"]
+    assert len(list((cache / "scale0.2").glob("*.node.npy"))) == 4  # one file per image, by id
+    # a rerun elsewhere (no checkpoints to read) fits again but reads the features from the cache
+    monkeypatch.setattr(BackgroundFeatures, "transform", lambda *a, **k: pytest.fail("features computed again"))
+    again = backgrounds.main(argv + ["--out", str(tmp_path / "again"), "--cache", str(cache)])
+    assert again["errors"] == plain["errors"]
