@@ -484,10 +484,17 @@ class ResumableFits:
         model.n_iter_, model.n_restarts_ = state["lbfgs_iterations"], state["restarts"]
         return model, state
 
-    def fit(self, name, model, X, y):
+    def state(self, name):
+        """The progress record of the finished fit ``name``, or None."""
+        path = self._path(name, "weights.json")
+        return json.loads(path.read_text()) if self.finished(name) and path.exists() else None
+
+    def fit(self, name, model, X, y, start=None):
         """Fit ``model`` (resuming ``name`` where a previous run saved it, or
         loading it when finished); return the model and its progress record
-        (``seconds``, ``lbfgs_iterations``, ``restarts``, ``runs``)."""
+        (``seconds``, ``lbfgs_iterations``, ``restarts``, ``runs``).
+        ``start``: a callable giving the (unary, pairwise) weights a fresh
+        fit starts from (called only then), instead of the model's ``init``."""
         from sklearn_margcrf.callbacks import Checkpoint
 
         if self.finished(name):
@@ -514,6 +521,9 @@ class ResumableFits:
                 })
             return False
 
+        if not resume and start is not None:
+            unary_coef, pairwise_coef = start()
+            resume = {"unary_coef_init": unary_coef, "pairwise_coef_init": pairwise_coef}
         seconds = timed_fit(model.set_params(callback=save_and_count), X, y, **resume)
         model.set_params(callback=None)
         state = {

@@ -17,6 +17,7 @@ and gradients stay finite when marginals underflow at extreme parameters.
 """
 
 import numpy as np
+from numba import njit
 
 __all__ = ["trw_entropy", "mean_field_entropy", "TINY"]
 
@@ -44,26 +45,57 @@ def trw_entropy(edges, unary_marginals, pairwise_marginals, rho, *, gradient=Fal
     value : float
     (grad_unary (n, K), grad_pairwise (E, K, K)), only when ``gradient``.
     """
-    mu, mu2 = unary_marginals, pairwise_marginals
-    rho = np.asarray(rho, dtype=mu.dtype)  # in the marginals' precision
-    i, j = edges[:, 0], edges[:, 1]
-    log_mu = _log(mu)
-    log_mu2 = _log(mu2)
-    # log(mu_c / (mu_i mu_j)) for every edge and joint state
-    log_ratio = log_mu2 - log_mu[i][:, :, None] - log_mu[j][:, None, :]
-    mutual_information = np.einsum("eab,eab->e", mu2, log_ratio)
-    value = -np.sum(_neg_entropy_terms(mu)) - np.dot(rho, mutual_information)
+    mu = np.ascontiguousarray(unary_marginals)
+    mu2 = np.ascontiguousarray(pairwise_marginals, dtype=mu.dtype)
+    rho = np.ascontiguousarray(np.broadcast_to(np.asarray(rho, dtype=mu.dtype), (mu2.shape[0],)))
+    edges = np.ascontiguousarray(edges, dtype=np.int64)
+    grad_unary = np.empty(mu.shape if gradient else (0, 0), mu.dtype)
+    grad_pairwise = np.empty(mu2.shape if gradient else (0, 0, 0), mu.dtype)
+    value = _trw_entropy(edges, mu, mu2, rho, _tiny(mu), gradient, grad_unary, grad_pairwise)
+    value = mu.dtype.type(value)
     if not gradient:
         return value
-    grad_unary = -(log_mu + 1.0)
-    # d I(mu_c) / d mu_i(a) = -sum_b mu_c(a, b) / mu_i(a)
-    row_sums = mu2.sum(axis=2) * rho[:, None]
-    col_sums = mu2.sum(axis=1) * rho[:, None]
-    safe_mu = np.maximum(mu, _tiny(mu))
-    np.add.at(grad_unary, i, row_sums / safe_mu[i])
-    np.add.at(grad_unary, j, col_sums / safe_mu[j])
-    grad_pairwise = -rho[:, None, None] * (log_ratio + 1.0)
     return value, (grad_unary, grad_pairwise)
+
+
+@njit(cache=True, nogil=True)
+def _trw_entropy(edges, mu, mu2, rho, tiny, gradient, grad_unary, grad_pairwise):
+    """One pass over the nodes and one over the edges (the logarithms of
+    ``mu2`` are the cost), sums in float64. The gradient:
+    ``dH/dmu_i(a) = -(log mu_i(a) + 1) + sum_c rho_c sum_b mu_c(a, b) / mu_i(a)``
+    and ``dH/dmu_c(a, b) = -rho_c (log(mu_c(a, b) / (mu_i(a) mu_j(b))) + 1)``."""
+    n_nodes, K = mu.shape
+    log_mu = np.empty((n_nodes, K), mu.dtype)
+    value = 0.0
+    for v in range(n_nodes):
+        for a in range(K):
+            log_p = np.log(max(mu[v, a], tiny))
+            log_mu[v, a] = log_p
+            value -= mu[v, a] * log_p
+            if gradient:
+                grad_unary[v, a] = -(log_p + 1.0)
+    column = np.empty(K, np.float64)
+    for e in range(edges.shape[0]):
+        i, j, r = edges[e, 0], edges[e, 1], rho[e]
+        mutual_information = 0.0
+        column[:] = 0.0
+        for a in range(K):
+            row = 0.0
+            for b in range(K):
+                q = mu2[e, a, b]
+                log_ratio = np.log(max(q, tiny)) - log_mu[i, a] - log_mu[j, b]
+                mutual_information += q * log_ratio
+                if gradient:
+                    grad_pairwise[e, a, b] = -r * (log_ratio + 1.0)
+                    row += q
+                    column[b] += q
+            if gradient:
+                grad_unary[i, a] += r * row / max(mu[i, a], tiny)
+        if gradient:
+            for b in range(K):
+                grad_unary[j, b] += r * column[b] / max(mu[j, b], tiny)
+        value -= r * mutual_information
+    return value
 
 
 def mean_field_entropy(unary_marginals, *, gradient=False):

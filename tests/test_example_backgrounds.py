@@ -165,9 +165,9 @@ def test_backgrounds_dtype_is_the_fits_precision_with_checkpoints_of_its_own(tmp
     argv = ["--data", str(tmp_path / "data"), "--out", str(tmp_path / "out"), "--n-jobs", "1", "--n-folds", "2",
             "--folds", "0", "--iters", "2", "--max-iter", "1", "--incremental", "0", "--rows", "univariate_logistic"]
     backgrounds.main(argv + ["--dtype", "float32"])
-    assert seen == ["float32"]
+    assert seen == ["float32"] * 2  # the shared independent start, then the row
     backgrounds.main(argv)  # float64 does not read the float32 records: it fits
-    assert seen == ["float32", "float64"]
+    assert seen == ["float32"] * 2 + ["float64"] * 2
     folders = sorted(p.name for p in (tmp_path / "out" / "backgrounds_checkpoints").iterdir())
     assert len(folders) == 2 and folders[0] + "-float32" == folders[1]
 
@@ -189,3 +189,43 @@ def test_backgrounds_cache_gives_the_same_results_and_spares_the_features(tmp_pa
     monkeypatch.setattr(BackgroundFeatures, "transform", lambda *a, **k: pytest.fail("features computed again"))
     again = backgrounds.main(argv + ["--out", str(tmp_path / "again"), "--cache", str(cache)])
     assert again["errors"] == plain["errors"]
+
+
+def test_backgrounds_rows_share_one_independent_start_per_fold_and_lambda(tmp_path, monkeypatch):
+    """Each fold fits the independent model once per lambda, and the rows start
+    from it: the same weights as each row's own init="independent" fit."""
+    import backgrounds
+
+    from sklearn_margcrf import MarginalCRF
+    from sklearn_margcrf.datasets import load_stanford_background
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=3)
+    real_fit, fits = MarginalCRF.fit, []
+
+    def recording_fit(self, X, y, **kwargs):
+        fits.append((self.inference, self.loss, self.reg, "unary_coef_init" in kwargs))
+        return real_fit(self, X, y, **kwargs)
+
+    monkeypatch.setattr(MarginalCRF, "fit", recording_fit)
+    out = tmp_path / "out"
+    backgrounds.main([
+        "--data", str(tmp_path / "data"), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--iters", "2",
+        "--max-iter", "3", "--incremental", "0", "--rows", "univariate_logistic,clique_logistic,independent",
+    ])
+    per_fold = [("independent", "univariate_logistic", 1e-3, False), ("trw", "univariate_logistic", 1e-3, True),
+                ("trw", "clique_logistic", 1e-3, True), ("independent", "univariate_logistic", 1e-4, False)]
+    assert fits == per_fold * 2
+    table = (out / "backgrounds_table.txt").read_text()
+    assert "independent start 1e-3" in table and "independent start 1e-4" not in table
+
+    # the clique logistic row of fold 0 is the fit that init="independent" makes by itself
+    monkeypatch.setattr(MarginalCRF, "fit", real_fit)
+    data = load_stanford_background(tmp_path / "data" / "stanford_background", n_folds=2, random_state=0)
+    X = backgrounds.compute_features(data.images, 0.2, 1)
+    train = [i for i, f in enumerate(data.folds) if f != 0]
+    own = MarginalCRF(loss="clique_logistic", reg=1e-3, n_iter=2, n_states=8, max_iter=3, objective_tol=0.0,
+                      random_state=0).fit([X[i] for i in train], [data.labels[i] for i in train])
+    folder = next((out / "backgrounds_checkpoints").iterdir())
+    with np.load(folder / "fold0-clique_logistic-2it.weights.npz") as saved:
+        np.testing.assert_allclose(saved["unary_coef"], own.unary_coef_, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(saved["pairwise_coef"], own.pairwise_coef_, rtol=1e-9, atol=1e-12)
