@@ -47,8 +47,8 @@ def main(argv=None):
     _common.blas_single_thread()
     hargs = argparse.Namespace(data=args.data, scale=args.scale, split=200, cache=args.cache, test_tol=1e-5,
                                max_iter=200, n_jobs=args.n_jobs, verbose=args.verbose, dtype=args.dtype)
-    X_train, y_train, _ = horses._load(hargs, "train", args.n_train)
-    X_test, y_test, _ = horses._load(hargs, "test", args.n_test)
+    X_train, y_train, _, _ = horses._load(hargs, "train", args.n_train)
+    X_test, y_test, _, _ = horses._load(hargs, "test", args.n_test)
     for sample in X_train:  # into the page cache (see the docstring)
         for features in (sample.node_features, sample.edge_features):
             np.add.reduce(features, axis=None)

@@ -143,8 +143,8 @@ def main(argv=None):
     """Run the comparison; return {model name: {"train", "test", "seconds"}}."""
     args = _common.start_run("Classifier features on horses", __doc__, argv, _arguments, _settings)
     with _common.Timer() as total, _common.blas_single_thread():
-        X_train, y_train, _ = horses._load(args, "train", args.n_train)
-        X_test, y_test, test_images = horses._load(args, "test", args.n_test)
+        X_train, y_train, _, _ = horses._load(args, "train", args.n_train)
+        X_test, y_test, test_images, _ = horses._load(args, "test", args.n_test)  # errors at --scale
         print(f"  {len(X_train)} train / {len(X_test)} test images at scale {args.scale:g}", flush=True)
         results, predictors = run(args, X_train, y_train, X_test, y_test)
         marginals = {name: model.predict_proba(X_test[:1])[0] for name, model in predictors.items()}

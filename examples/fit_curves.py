@@ -79,8 +79,8 @@ def _horses(args):
         data=args.data, scale=args.scale, split=200, cache=args.cache or str(Path(args.out) / "horses_features"),
         test_tol=1e-5, max_iter=args.max_iter, n_jobs=args.n_jobs, verbose=args.verbose, dtype=args.dtype,
     )
-    X_train, y_train, _ = horses._load(hargs, "train", args.n_train)
-    X_test, y_test, _ = horses._load(hargs, "test", args.n_test)
+    X_train, y_train, _, _ = horses._load(hargs, "train", args.n_train)
+    X_test, y_test, _, _ = horses._load(hargs, "test", args.n_test)
     model = horses._model(hargs, "ulogistic-trw", 20)
     return _named(f"horses-scale{args.scale:g}-train{len(X_train)}", model, args), X_train, y_train, X_test, y_test
 
