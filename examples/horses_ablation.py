@@ -24,7 +24,7 @@ The variants (``VARIANTS``; ``--variants`` picks some):
   then cover more of the horse and 20 TRW iterations reach further. Errors
   are counted at the masks' full resolution like every other variant's (the
   marginals upsampled as for ``scale-0.5``), and at the reduced resolution
-  too (``own res.`` in the table).
+  too (listed under the table).
 - ``images-0.5-trw10``, ``trw40``: the reach of messages apart from the
   grid: 10 TRW iterations at half resolution cover as many full-resolution
   pixels as 20 at full resolution, 40 at full resolution as many as 20 at
