@@ -384,6 +384,40 @@ def restore(model, weights):
     return model
 
 
+def rho_value(text):
+    """``--rho``: a number in (0, 1] or one of MarginalCRF's rules ("auto",
+    "uniform_spanning_tree", "forest_cover")."""
+    from sklearn_margcrf.edge_appearance import RHO_RULES
+
+    if text in RHO_RULES:
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] or one of {', '.join(RHO_RULES)}, got {text!r}")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a number rho must lie in (0, 1], got {text}")
+    return value
+
+
+def rho_argument(parser):
+    """``--rho``: the TRW edge appearance probabilities of every TRW fit
+    (default: MarginalCRF's "auto", which on the grids of the paper's
+    images, of more than 600 nodes, is the forest cover's 0.5 on every
+    edge, as in the paper)."""
+    parser.add_argument(
+        "--rho", type=rho_value, default=None,
+        help="TRW edge appearance probabilities: a number in (0, 1] or auto, uniform_spanning_tree, forest_cover "
+             "(default: MarginalCRF's auto: 0.5 on the paper's image grids, the uniform spanning tree's on grids "
+             "of up to 600 nodes)",
+    )
+
+
+def rho_suffix(rho):
+    """The part of a checkpoint folder's settings that names ``--rho`` ("" for the default)."""
+    return "" if rho is None else f"-rho{rho:g}" if isinstance(rho, float) else f"-rho-{rho}"
+
+
 def resumable_arguments(parser, example):
     """``--segment``, ``--checkpoints``, ``--report-only`` and ``--verbose``:
     the options of a run made of :class:`Checkpoints` fits."""

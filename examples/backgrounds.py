@@ -155,6 +155,7 @@ def _arguments(parser):
     parser.add_argument("--cache", default=None,
                         help="folder where the features are kept between runs (memory-mapped; about 2 GB for the "
                              "715 images at scale 0.2); default: computed afresh each run (about 4 min)")
+    _common.rho_argument(parser)
     _common.resumable_arguments(parser, "backgrounds")
 
 
@@ -170,7 +171,7 @@ def _settings(args):
     args.iters = sorted(set(args.iters))
     settings = (f"images{args.n_images or 'all'}-folds{args.n_folds}-seed{args.seed}-scale{args.scale:g}"
                 f"-maxiter{args.max_iter}-incremental{args.incremental or 0}"
-                + ("" if args.dtype == "float64" else f"-{args.dtype}"))
+                + ("" if args.dtype == "float64" else f"-{args.dtype}") + _common.rho_suffix(args.rho))
     _common.checkpoint_folder(args, "backgrounds", settings)
     return args
 
@@ -201,6 +202,7 @@ def _model(key, n_iter, args, fold):
         verbose=args.verbose,
         dtype=args.dtype,
         objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
+        rho=args.rho,
         **params,
     )
 

@@ -233,3 +233,26 @@ def test_backgrounds_rows_share_one_independent_start_per_fold_and_lambda(tmp_pa
     with np.load(folder / "fold0-clique_logistic-2it.weights.npz") as saved:
         np.testing.assert_allclose(saved["unary_coef"], own.unary_coef_, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(saved["pairwise_coef"], own.pairwise_coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_backgrounds_rho_reaches_the_trw_fits_with_checkpoints_of_their_own(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=5)
+    real_fit, seen = MarginalCRF.fit, []
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: seen.append((self.inference, self.rho)) or real_fit(self, *a, **k))
+    out = tmp_path / "out"
+    argv = ["--data", str(tmp_path / "data"), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--folds", "0",
+            "--iters", "2", "--max-iter", "3", "--incremental", "0", "--rows", "clique_logistic"]
+    backgrounds.main(argv)
+    # the default "auto" on these 48-node grids is the uniform spanning tree's rho; the forest cover's is 0.5
+    backgrounds.main(argv + ["--rho", "forest_cover"])
+    assert seen == [("independent", None), ("trw", None), ("independent", None), ("trw", "forest_cover")]
+    folders = sorted(p.name for p in (out / "backgrounds_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-rho-forest_cover" == folders[1]
+    weights = [np.load(out / "backgrounds_checkpoints" / f / "fold0-clique_logistic-2it.weights.npz")["pairwise_coef"]
+               for f in folders]
+    assert not np.allclose(weights[0], weights[1])  # another rho, another fit
+    with pytest.raises(SystemExit):
+        backgrounds.main(argv + ["--rho", "-0.5"])

@@ -158,3 +158,25 @@ def test_horses_cells_with_a_record_but_no_weights(horses_dir, tmp_path, monkeyp
     assert again[("surrogate-trw", 2)]["train"] != 2.0  # evaluated afresh
     assert again[("surrogate-trw", 2)]["train"] == pytest.approx(first[("surrogate-trw", 2)]["train"])
     assert (folder / "surrogate-trw-2.npz").exists()
+
+
+def test_horses_rho_reaches_the_trw_fits_with_checkpoints_of_their_own(horses_dir, tmp_path, monkeypatch):  # noqa: F811
+    from sklearn_margcrf import MarginalCRF
+
+    fit, seen = MarginalCRF.fit, []
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: seen.append((self.inference, self.rho)) or fit(self, *a, **k))
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "1",
+            "--n-test", "1", "--max-iter", "3", "--iters", "3", "--rows", "ulogistic-trw"]
+    default = horses.main(argv)
+    assert ("trw", None) in seen
+    seen.clear()
+    spanning = horses.main(argv + ["--rho", "0.25"])
+    assert ("trw", 0.25) in seen  # the TRW row; the independent start is read from nothing: it is refitted too
+    folders = sorted(p.name for p in (tmp_path / "horses_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-rho0.25" == folders[1]
+    assert set(spanning) == set(default)
+    weights = [np.load(tmp_path / "horses_checkpoints" / folder / "ulogistic-trw-3.npz")["pairwise_coef"] for folder in folders]
+    assert not np.allclose(weights[0], weights[1])  # another rho, another fit
+    for bad in ("0", "1.5", "everywhere"):
+        with pytest.raises(SystemExit):
+            horses.main(argv + ["--rho", bad])
