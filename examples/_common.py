@@ -418,6 +418,26 @@ def rho_suffix(rho):
     return "" if rho is None else f"-rho{rho:g}" if isinstance(rho, float) else f"-rho-{rho}"
 
 
+def objective_tol_argument(parser):
+    """``--objective-tol``: MarginalCRF's stopping rule for the fits of a
+    paper's protocol, which runs L-BFGS to its own end or ``--max-iter``
+    (0, the default)."""
+    parser.add_argument(
+        "--objective-tol", type=float, default=0.0,
+        help="stop a fit once its objective fell by less than this fraction over 10 L-BFGS iterations "
+             "(MarginalCRF's objective_tol; default 0: no stopping rule, as the paper; the package's default is 3e-3)",
+    )
+
+
+def fit_variant_suffix(args):
+    """The part of a checkpoint folder's settings that names ``--dtype``,
+    ``--rho`` and ``--objective-tol`` where they differ from the paper's."""
+    if args.objective_tol < 0:
+        raise SystemExit(f"--objective-tol must be at least 0, got {args.objective_tol}")
+    return ("" if args.dtype == "float64" else f"-{args.dtype}") + rho_suffix(args.rho) + (
+        f"-objtol{args.objective_tol:g}" if args.objective_tol else "")
+
+
 def resumable_arguments(parser, example):
     """``--segment``, ``--checkpoints``, ``--report-only`` and ``--verbose``:
     the options of a run made of :class:`Checkpoints` fits."""

@@ -156,6 +156,7 @@ def _arguments(parser):
                         help="folder where the features are kept between runs (memory-mapped; about 2 GB for the "
                              "715 images at scale 0.2); default: computed afresh each run (about 4 min)")
     _common.rho_argument(parser)
+    _common.objective_tol_argument(parser)
     _common.resumable_arguments(parser, "backgrounds")
 
 
@@ -171,7 +172,7 @@ def _settings(args):
     args.iters = sorted(set(args.iters))
     settings = (f"images{args.n_images or 'all'}-folds{args.n_folds}-seed{args.seed}-scale{args.scale:g}"
                 f"-maxiter{args.max_iter}-incremental{args.incremental or 0}"
-                + ("" if args.dtype == "float64" else f"-{args.dtype}") + _common.rho_suffix(args.rho))
+                + _common.fit_variant_suffix(args))
     _common.checkpoint_folder(args, "backgrounds", settings)
     return args
 
@@ -201,7 +202,7 @@ def _model(key, n_iter, args, fold):
         n_jobs=args.n_jobs,
         verbose=args.verbose,
         dtype=args.dtype,
-        objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
+        objective_tol=args.objective_tol,  # 0, the paper's protocol: L-BFGS to its own end or max_iter
         rho=args.rho,
         **params,
     )
@@ -313,7 +314,7 @@ def _start_model(args, reg):
 
     return MarginalCRF(loss="univariate_logistic", inference="independent", reg=reg, n_states=N_STATES,
                        max_iter=args.max_iter, n_jobs=args.n_jobs, verbose=args.verbose, dtype=args.dtype,
-                       objective_tol=0.0)
+                       objective_tol=args.objective_tol)  # as init="independent" would: the fit's stopping rule
 
 
 def _fold_fit(store, args, fold, key, n_iter, X_train, y_train, X_test, y_test, start):

@@ -117,6 +117,7 @@ def _arguments(parser):
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="precision of inference and its gradients (MarginalCRF dtype; default float64, the paper's)")
     _common.rho_argument(parser)
+    _common.objective_tol_argument(parser)
     _common.resumable_arguments(parser, "horses")
 
 
@@ -124,8 +125,8 @@ def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
-    settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}" + (
-        "" if args.dtype == "float64" else f"-{args.dtype}") + _common.rho_suffix(args.rho)
+    settings = (f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}"
+                + _common.fit_variant_suffix(args))
     _common.checkpoint_folder(args, "horses", settings)
     if args.cache is None:
         args.cache = str(Path(args.out) / "horses_features")
@@ -171,7 +172,7 @@ def _model(args, key, n_iter):
         n_jobs=args.n_jobs,
         verbose=args.verbose,
         dtype=args.dtype,
-        objective_tol=0.0,  # the paper's protocol: L-BFGS to its own end or max_iter, no stopping rule
+        objective_tol=args.objective_tol,  # 0, the paper's protocol: L-BFGS to its own end or max_iter
         rho=args.rho,
     )
     params.update(ROWS[key][1])

@@ -256,3 +256,23 @@ def test_backgrounds_rho_reaches_the_trw_fits_with_checkpoints_of_their_own(tmp_
     assert not np.allclose(weights[0], weights[1])  # another rho, another fit
     with pytest.raises(SystemExit):
         backgrounds.main(argv + ["--rho", "-0.5"])
+
+
+def test_backgrounds_objective_tol_is_the_stopping_rule_of_every_fit(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+
+    make_stanford_fixture(tmp_path / "data" / "stanford_background", n_images=4, seed=6)
+    real_fit, seen = MarginalCRF.fit, []
+    monkeypatch.setattr(MarginalCRF, "fit", lambda self, *a, **k: seen.append(self.objective_tol) or real_fit(self, *a, **k))
+    out = tmp_path / "out"
+    argv = ["--data", str(tmp_path / "data"), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--folds", "0",
+            "--iters", "2", "--max-iter", "30", "--incremental", "0", "--rows", "univariate_logistic"]
+    backgrounds.main(argv)
+    backgrounds.main(argv + ["--objective-tol", "0.5"])
+    assert seen == [0.0, 0.0, 0.5, 0.5]  # the shared independent start follows the rule, as init="independent" would
+    folders = sorted((out / "backgrounds_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0].name + "-objtol0.5" == folders[1].name
+    iterations = [json.loads((f / "fold0-univariate_logistic-2it.record.json").read_text())["lbfgs_iterations"]
+                  for f in folders]
+    assert iterations[0] == 30 and 10 < iterations[1] < 30  # the paper's runs to max_iter; the rule stops

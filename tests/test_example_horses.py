@@ -180,3 +180,17 @@ def test_horses_rho_reaches_the_trw_fits_with_checkpoints_of_their_own(horses_di
     for bad in ("0", "1.5", "everywhere"):
         with pytest.raises(SystemExit):
             horses.main(argv + ["--rho", bad])
+
+
+def test_horses_objective_tol_stops_the_fits_early(horses_dir, tmp_path):  # noqa: F811
+    argv = ["--data", str(horses_dir), "--out", str(tmp_path), "--n-jobs", "1", "--split", "2", "--n-train", "1",
+            "--n-test", "1", "--max-iter", "25", "--iters", "3", "--rows", "ulogistic-trw,independent"]
+    paper = horses.main(argv)
+    stopped = horses.main(argv + ["--objective-tol", "0.5"])
+    # the paper's protocol runs L-BFGS to its own end; the rule stops once 10 iterations gain less than half
+    assert {cell: paper[cell]["lbfgs_iterations"] for cell in paper} == {cell: 25 for cell in paper}
+    assert all(10 < stopped[cell]["lbfgs_iterations"] < 25 for cell in stopped)
+    folders = sorted(p.name for p in (tmp_path / "horses_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-objtol0.5" == folders[1]
+    with pytest.raises(SystemExit):
+        horses.main(argv + ["--objective-tol", "-1"])
