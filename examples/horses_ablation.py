@@ -228,20 +228,20 @@ def run_variant(args, name, train, test):
     model, state = store.fit("trw20", _model(args, **model_params), X_train, y_train, start, args.max_iter, args.segment)
 
     def per_image_test_errors():
-        """Per test image: wrong pixels of both models and labelled pixels (for the bootstrap)."""
-        wrong, labelled = _common.per_image_error_counts(model, X_test, test_masks, args.batch)
-        independent_wrong, _ = _common.per_image_error_counts(independent, X_test, test_masks, args.batch)
-        counts = {"test_wrong": wrong.tolist(), "independent_test_wrong": independent_wrong.tolist(),
-                  "test_labelled": labelled.tolist()}
-        if image_scale != 1:
-            # Also against the full-resolution masks, as every other variant:
-            # the grid's marginals upsampled to them (predict_proba, as for scale-0.5).
-            X_full = _common.with_image_shapes(X_test, [m.shape for m in full_test_masks])
-            wrong, labelled = _common.per_image_error_counts(model, X_full, full_test_masks, args.batch)
-            independent_wrong, _ = _common.per_image_error_counts(independent, X_full, full_test_masks, args.batch)
-            counts.update(full_test_wrong=wrong.tolist(), full_independent_test_wrong=independent_wrong.tolist(),
-                          full_test_labelled=labelled.tolist(), full_test=int(wrong.sum()) / int(labelled.sum()),
-                          full_independent_test=int(independent_wrong.sum()) / int(labelled.sum()))
+        """Per test image: wrong pixels of both models and labelled pixels (for
+        the bootstrap); for reduced images also against the full-resolution
+        masks (``full_*``), as every other variant: the grid's marginals
+        upsampled to them (predict_proba, as for scale-0.5)."""
+        counts = {}
+        for prefix, samples, masks in (("", X_test, test_masks), ("full_", X_test, full_test_masks)):
+            if prefix and image_scale == 1:
+                break
+            if prefix:
+                samples = _common.with_image_shapes(samples, [m.shape for m in masks])
+            wrong, labelled = _common.per_image_error_counts(model, samples, masks, args.batch)
+            independent_wrong, _ = _common.per_image_error_counts(independent, samples, masks, args.batch)
+            counts.update({f"{prefix}test_wrong": wrong.tolist(), f"{prefix}independent_test_wrong": independent_wrong.tolist(),
+                           f"{prefix}test_labelled": labelled.tolist()})
         return counts
 
     def evaluate():
@@ -281,8 +281,12 @@ def at_full_resolution(record):
     the ``full_*`` ones of the variants that reduce the images first."""
     if "full_test_wrong" not in record:
         return record
+    labelled = sum(record["full_test_labelled"])
+    full = {"test": sum(record["full_test_wrong"]) / labelled,
+            "independent_test": sum(record["full_independent_test_wrong"]) / labelled}
     keys = ("test", "independent_test", "test_wrong", "independent_test_wrong", "test_labelled")
-    return {**record, **{key: record["full_" + key] for key in keys}, **{key + "_own": record[key] for key in keys}}
+    full.update({key: record["full_" + key] for key in keys[2:]})
+    return {**record, **full, **{key + "_own": record[key] for key in keys}}
 
 
 def _pooled(wrong, labelled):
