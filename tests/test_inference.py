@@ -151,6 +151,30 @@ def test_forest_cover_rule_counts_first_fit_forests(n_nodes):
         assert is_dominated_by_spanning_tree_polytope(n_nodes, order, rho)
 
 
+def test_edge_appearance_probabilities_computed_in_threads_at_once_are_bitwise_those_of_one_thread():
+    # Each graph's rho is computed once per process and kept; computed in 4
+    # threads at once (the threads of a fit, or of a threaded grid search),
+    # it must be the value that one thread computes, to the last bit, whatever
+    # the order of the edges (which makes each graph new to the process; the
+    # effective resistances do not depend on it, unlike forest_cover's first fit).
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(11)
+    graphs = [(h * w, grid_edges(h, w)) for h in range(3, 13) for w in range(3, 15)]  # 120 grids, the dense path
+    want = {rule: [edge_appearance_probabilities(n, e, rule) for n, e in graphs] for rule in ("auto", "uniform_spanning_tree")}
+    for attempt in range(3):
+        orders = [rng.permutation(len(e)) for _, e in graphs]
+
+        def one(k):
+            n, edges = graphs[k]
+            return k, {rule: edge_appearance_probabilities(n, edges[orders[k]], rule) for rule in want}
+
+        with ThreadPoolExecutor(4) as pool:
+            for k, got in pool.map(one, range(len(graphs))):
+                for rule, values in got.items():
+                    np.testing.assert_array_equal(values, want[rule][k][orders[k]], err_msg=f"{rule}, graph {k}")
+
+
 def test_default_rho_is_one_on_trees_and_forests():
     edges = random_tree_edges(30, RNG)
     for rule in ("auto", "uniform_spanning_tree", "forest_cover"):
