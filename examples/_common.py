@@ -597,7 +597,14 @@ class Checkpoints:
     """Fits of a long run, each saved to ``folder/<name>.npz`` (weights and
     progress) as it goes, so that a run killed at any point resumes where it
     stopped: finished cells are loaded, an unfinished one continues from its
-    last checkpoint."""
+    last checkpoint.
+
+    Single-stage fits only. It predates the library's
+    :class:`~sklearn_margcrf.callbacks.Checkpoint`, which
+    :class:`ResumableFits` builds on (and which resumes inside an
+    incremental schedule); it stays for the runs whose records it wrote
+    (``horses.py``, ``binary_denoising.py``, ``horses_ablation.py``: their
+    committed checkpoints are in its format)."""
 
     def __init__(self, folder):
         self.folder = Path(folder)
