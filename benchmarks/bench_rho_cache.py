@@ -10,7 +10,7 @@ a fit costs. Where the rules' cache holds the whole set, the second pass
 costs the same for every rule; where it does not, each image pays its rho
 again (``uniform_spanning_tree`` most).
 
-    python benchmarks/bench_rho_cache.py [--images N] [--height H] [--width W] [--iters N]
+    python benchmarks/bench_rho_cache.py [--images N] [--height H] [--width W] [--iters N] [--rules R,...]
 """
 
 import argparse
@@ -30,7 +30,10 @@ def main():
     parser.add_argument("--height", type=int, default=200)
     parser.add_argument("--width", type=int, default=270)
     parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--rules", default="auto,uniform_spanning_tree,0.5",
+                        help="comma-separated rho values to time (rule names or numbers)")
     args = parser.parse_args()
+    rules = [rule if rule.isalpha() or "_" in rule else float(rule) for rule in args.rules.split(",")]
 
     rng = np.random.default_rng(0)
     problems = []
@@ -45,7 +48,7 @@ def main():
     print(f"{args.images} grids of distinct sizes around {args.height} x {args.width} ({pixels / 1e6:.1f} M pixels), "
           f"univariate logistic, K = 2, {args.iters} TRW iterations, single thread")
     loss_and_grad(*problems[0], n_iter=args.iters)  # compile
-    for rule in ("auto", "uniform_spanning_tree", 0.5):
+    for rule in rules:
         seconds = []
         for _ in range(2):
             start = time.perf_counter()
