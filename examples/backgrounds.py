@@ -260,7 +260,7 @@ def run(args):
         def start(reg):
             """The independent model at ``reg``, fitted once per fold for every row that starts from it."""
             if reg not in starts:
-                model, state = store.fit(_start_cell(fold, reg), _start_model(args, reg), X_train, y_train)
+                model, state = store.fit(_start_cell(fold, reg), _start_model(args, fold, reg), X_train, y_train)
                 print(f"  fold {fold} independent start, lambda {reg:.0e}: fit {state['seconds']:8.1f} s "
                       f"({state['lbfgs_iterations']} L-BFGS it.)", flush=True)
                 starts[reg] = (model.unary_coef_, model.pairwise_coef_)
@@ -307,14 +307,13 @@ def _start_cell(fold, reg):
     return f"fold{fold}-independent-start-{reg:.0e}"
 
 
-def _start_model(args, reg):
+def _start_model(args, fold, reg):
     """The independent model that ``init="independent"`` fits first (every
-    training image, ``max_iter``), made once per fold and lambda."""
-    from sklearn_margcrf import MarginalCRF
-
-    return MarginalCRF(loss="univariate_logistic", inference="independent", reg=reg, n_states=N_STATES,
-                       max_iter=args.max_iter, n_jobs=args.n_jobs, verbose=args.verbose, dtype=args.dtype,
-                       objective_tol=args.objective_tol)  # as init="independent" would: the fit's stopping rule
+    training image at once, ``max_iter``, the fit's stopping rule), made
+    once per fold and lambda: the independent row's model at ``reg``,
+    without the incremental schedule (and without ``--rho``, which it
+    would ignore)."""
+    return _model("independent", None, args, fold).set_params(reg=reg, incremental=None, rho=None)
 
 
 def _fold_fit(store, args, fold, key, n_iter, X_train, y_train, X_test, y_test, start):

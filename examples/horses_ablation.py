@@ -232,12 +232,12 @@ def run_variant(args, name, train, test):
         the bootstrap); for reduced images also against the full-resolution
         masks (``full_*``), as every other variant: the grid's marginals
         upsampled to them (predict_proba, as for scale-0.5)."""
+        counted = [("", X_test, test_masks)]
+        if image_scale != 1:
+            full_samples = _common.with_image_shapes(X_test, [m.shape for m in full_test_masks])
+            counted.append(("full_", full_samples, full_test_masks))
         counts = {}
-        for prefix, samples, masks in (("", X_test, test_masks), ("full_", X_test, full_test_masks)):
-            if prefix and image_scale == 1:
-                break
-            if prefix:
-                samples = _common.with_image_shapes(samples, [m.shape for m in masks])
+        for prefix, samples, masks in counted:
             wrong, labelled = _common.per_image_error_counts(model, samples, masks, args.batch)
             independent_wrong, _ = _common.per_image_error_counts(independent, samples, masks, args.batch)
             counts.update({f"{prefix}test_wrong": wrong.tolist(), f"{prefix}independent_test_wrong": independent_wrong.tolist(),
@@ -281,12 +281,11 @@ def at_full_resolution(record):
     the ``full_*`` ones of the variants that reduce the images first."""
     if "full_test_wrong" not in record:
         return record
-    labelled = sum(record["full_test_labelled"])
-    full = {"test": sum(record["full_test_wrong"]) / labelled,
-            "independent_test": sum(record["full_independent_test_wrong"]) / labelled}
-    keys = ("test", "independent_test", "test_wrong", "independent_test_wrong", "test_labelled")
-    full.update({key: record["full_" + key] for key in keys[2:]})
-    return {**record, **full, **{key + "_own": record[key] for key in keys}}
+    full = {key: record["full_" + key] for key in ("test_wrong", "independent_test_wrong", "test_labelled")}
+    labelled = sum(full["test_labelled"])
+    full["test"] = sum(full["test_wrong"]) / labelled
+    full["independent_test"] = sum(full["independent_test_wrong"]) / labelled
+    return {**record, **full, **{key + "_own": record[key] for key in full}}
 
 
 def _pooled(wrong, labelled):
