@@ -10,7 +10,8 @@ how the default was chosen.
 
 * ``horses``: univariate logistic, TRW with 20 truncated iterations,
   lambda = 1e-3, from the independent model, as the horses table's cell
-  (``examples/horses.py``; ``--scale`` as there, default 1 = the paper's).
+  (``examples/horses.py``; ``--scale`` as there, here default 1, the masks' full resolution,
+  where its records were made; ``horses.py``'s default is 0.5).
 * ``denoising``: univariate logistic, TRW with 20 truncated iterations, the
   binary denoising data at noise level ``--noise`` (``examples/binary_denoising.py``'s images).
 

@@ -1,6 +1,6 @@
 """Horses: where our test errors part from the paper's (an ablation).
 
-Every TRW row of our horses table (``docs/results/horses_table.txt``) tests
+Every TRW row of our full-resolution horses table (``docs/results/horses-scale1_table.txt``) tests
 0.006-0.013 above the paper's, while the independent model matches it. This
 script changes one reading of the paper at a time and fits the same model
 each time -- the univariate logistic loss, TRW with 20 truncated iterations,
