@@ -38,9 +38,9 @@ features are computed: the CRF then has S**2 as many pixels. Train errors
 are measured at the reduced resolution, test errors against the masks at
 their full resolution (the marginals upsampled). The default is the half
 grid, ``--scale 0.5``: the paper does not say at which resolution it used
-the images, and an ablation (``horses_ablation.py``) found that on the half
-grid its table comes within .003 of the paper's test errors in 16 of 30
-cells, where the masks' full resolution (``--scale 1``: 12 M training
+the images, an ablation (``horses_ablation.py``) traced our gap to the
+paper to the resolution of the grid, and on the half grid the table comes
+within .003 of the paper's test errors in 16 of 30 cells, where the masks' full resolution (``--scale 1``: 12 M training
 pixels, features of 9 GB in float32) tests .006-.013 worse in every TRW
 row (``docs/results/README.md``, "Horses: the gap to the paper"). ``--quick`` uses 20 training and 20 test images at
 scale 0.25 and 10 L-BFGS iterations per fit.
@@ -137,23 +137,17 @@ def _settings(args):
     _common.check_sizes(_common.fill_defaults(args, QUICK, FULL))
     args.rows = _common.select(args.rows, ROWS)
     args.iters = sorted(set(args.iters))
-    settings = (f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}"
-                + _common.fit_variant_suffix(args))
+    variant = _common.fit_variant_suffix(args)
+    settings = f"scale{args.scale:g}-split{args.split}-train{args.n_train}-maxiter{args.max_iter}-segment{args.segment}" + variant
     _common.checkpoint_folder(args, "horses", settings)
     if args.cache is None:
         args.cache = str(Path(args.out) / "horses_features")
-    args.stem = _output_stem(args, QUICK if args.quick else FULL)
+    # the name of the table, results and figure: "horses" and the settings that make the model differ from the
+    # default run's, so that a variant never replaces the default table (the sizes only select part of a run,
+    # and the table's title states them)
+    default_scale = (QUICK if args.quick else FULL)["scale"]
+    args.stem = "horses" + ("" if args.scale == default_scale else f"-scale{args.scale:g}") + variant
     return args
-
-
-def _output_stem(args, defaults):
-    """The name of the run's table, results and figure: "horses", followed by
-    the settings that make its model differ from the default run's (scale,
-    dtype, rho, stopping rule), so that a variant never replaces the default
-    table. The sizes (images, L-BFGS iterations, rows) only select part of
-    a run, and its table's title states them."""
-    scale = "" if args.scale == defaults["scale"] else f"-scale{args.scale:g}"
-    return "horses" + scale + _common.fit_variant_suffix(args)
 
 
 def _load(args, subset, count):
