@@ -443,6 +443,26 @@ def full_protocol_estimate(result, args, n_images=715, n_folds=5, incremental=32
     return total, lines
 
 
+def remaining_estimate(result, args, estimate):
+    """The line saying what the paper's protocol still costs at this run's
+    cost: the estimate less the fits (and independent starts) done, when
+    this run is that protocol (all images and rows, 5 folds, incremental 32 /
+    1000 iterations, 5/10/20 it.); empty otherwise or when it is complete."""
+    protocol = (len(result["data"].images) == 715 and args.n_folds == 5 and args.incremental == 32
+                and args.max_iter == 1000 and tuple(args.iters) == ITERATIONS and set(args.rows) == set(ROWS))
+    n_protocol_fits = len(result["fits"]) * args.n_folds
+    if not protocol or result["finished"] >= n_protocol_fits:
+        return ""
+    done = sum(result["times"].values()) + sum(seconds for seconds, _ in result["start_times"].values())
+    unmeasured = [ROWS[key][0] for key in ROWS
+                  if not any(result["work"][fit] for fit in result["fits"] if fit[0] == key)]
+    line = (f"Done: {result['finished']} of the protocol's {n_protocol_fits} fits, {done / 3600:.1f} h of fitting; "
+            f"remaining at this cost: {max(estimate - done, 0.0) / 3600:.1f} h")
+    if unmeasured:
+        line += f" and the rows with no finished fit yet ({', '.join(unmeasured)}; see backgrounds_cost_probe.txt)"
+    return line
+
+
 def figure(result, args):
     from sklearn_margcrf.plot import plot_marginals
 
@@ -490,7 +510,7 @@ def main(argv=None):
         f"{result['feature_seconds']:.1f} s) on {_common.run_description(args.n_jobs)}.",
         "Estimated fit time of the paper's protocol (715 images, 5 folds, incremental 32 / 1000 iterations, "
         f"5/10/20 it.) at this run's cost per image x iteration: {estimate / 3600:.1f} h\n" + "\n".join(lines),
-    ])
+    ] + [line for line in [remaining_estimate(result, args, estimate)] if line])
     _common.report(text, args.out, "backgrounds_table.txt")
     raw = {
         "settings": {k: v for k, v in vars(args).items()},

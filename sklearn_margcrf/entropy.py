@@ -11,7 +11,9 @@ they are well defined (and differentiable) away from the local polytope too:
 the truncated partition function of Sec. "Truncated Likelihood" plugs in the
 marginals after N iterations, which need not be locally consistent.
 
-Both compute in the marginals' dtype (float32 or float64). Probabilities are
+Both compute in the marginals' dtype (float32 or float64), gradients too, but
+sum their values in float64 (a float32 total of thousands of terms carries a
+rounding noise that L-BFGS's line search would see). Probabilities are
 floored at ``TINY`` (float32: ``1e-37``) inside logarithms, so that ``0 log 0 = 0``
 and gradients stay finite when marginals underflow at extreme parameters.
 """
@@ -52,7 +54,7 @@ def trw_entropy(edges, unary_marginals, pairwise_marginals, rho, *, gradient=Fal
     grad_unary = np.empty(mu.shape if gradient else (0, 0), mu.dtype)
     grad_pairwise = np.empty(mu2.shape if gradient else (0, 0, 0), mu.dtype)
     value = _trw_entropy(edges, mu, mu2, rho, _tiny(mu), gradient, grad_unary, grad_pairwise)
-    value = mu.dtype.type(value)
+    value = float(value)
     if not gradient:
         return value
     return value, (grad_unary, grad_pairwise)
@@ -100,7 +102,7 @@ def _trw_entropy(edges, mu, mu2, rho, tiny, gradient, grad_unary, grad_pairwise)
 
 def mean_field_entropy(unary_marginals, *, gradient=False):
     """Mean-field entropy ``sum_i H(mu_i)`` (and optionally its gradient)."""
-    value = -np.sum(_neg_entropy_terms(unary_marginals))
+    value = -float(np.sum(_neg_entropy_terms(unary_marginals), dtype=np.float64))
     if not gradient:
         return value
     return value, -(_log(unary_marginals) + 1.0)

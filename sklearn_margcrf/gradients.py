@@ -247,7 +247,9 @@ class _Problem:
         entropy, (dh_unary, dh_pairwise) = method_entropy(
             self.inference, self.edges, result.unary, result.pairwise, self.rho, gradient=True
         )
-        value = np.sum(self.unary * result.unary) + np.sum(self.pairwise * result.pairwise) + entropy
+        # float64 sums (float32 terms): see losses._weighted_sum
+        value = (np.sum(self.unary * result.unary, dtype=np.float64)
+                 + np.sum(self.pairwise * result.pairwise, dtype=np.float64) + entropy)
         back_unary, back_pairwise = self.backward(state, result, self.unary + dh_unary, self.pairwise + dh_pairwise)
         return value, result.unary + back_unary, result.pairwise + back_pairwise
 
@@ -277,9 +279,9 @@ def _clamped(edges, unary, pairwise, labels):
     np.add.at(sub_unary, new_index[j[only_j_hidden]], pairwise[only_j_hidden, labels[i[only_j_hidden]], :])
     sub_edges = np.stack([new_index[i[both_hidden]], new_index[j[both_hidden]]], axis=1).reshape(-1, 2)
     sub_pairwise = pairwise[both_hidden]
-    constant = unary[observed_nodes, labels[observed_nodes]].sum() + pairwise[
+    constant = unary[observed_nodes, labels[observed_nodes]].sum(dtype=np.float64) + pairwise[
         both_observed, labels[i[both_observed]], labels[j[both_observed]]
-    ].sum()
+    ].sum(dtype=np.float64)
 
     def lift(grad_sub_unary, grad_sub_pairwise):
         grad_unary = np.zeros_like(unary)

@@ -264,7 +264,8 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
     if log_partition:
         mu2 = state.pairwise_marginals
         entropy = method_entropy(method, edges, mu, mu2, rho)
-        log_partition = dtype(np.sum(unary * mu) + np.sum(pairwise * mu2) + entropy)
+        # summed in float64, returned in the model's dtype
+        log_partition = dtype(np.sum(unary * mu, dtype=np.float64) + np.sum(pairwise * mu2, dtype=np.float64) + entropy)
     else:  # a kernel's state may compute them on first access (TRW on grids, mean field)
         log_partition = None
         mu2 = lambda: state.pairwise_marginals  # noqa: E731

@@ -84,6 +84,43 @@ def test_schedule_work():
     assert backgrounds.schedule_work(10, None, 7) == 70
 
 
+def test_remaining_estimate_is_the_protocol_less_the_fits_done():
+    """Two of five folds of the paper's protocol: what is left is the
+    estimate less the fitting done; a run of another protocol, or a
+    complete one, has no such line."""
+    import argparse
+    import types
+
+    import backgrounds
+
+    fits = [(key, n) for key, (_, _, truncated) in backgrounds.ROWS.items()
+            for n in (backgrounds.ITERATIONS if truncated else [None])]
+    n_train = 715 - 143
+    work = backgrounds.schedule_work(n_train, 32, 1000)
+    times = {fit: 3600.0 * 2 for fit in fits}  # every fit measured over two folds: 1 h each
+    result = dict(
+        data=types.SimpleNamespace(images=[None] * 715), fits=fits, times=times,
+        work={fit: 2 * work for fit in fits}, start_times={1e-3: (1800.0, 2 * n_train * 30)},
+        finished=2 * len(fits),
+    )
+    args = argparse.Namespace(n_folds=5, incremental=32, max_iter=1000, iters=list(backgrounds.ITERATIONS),
+                              rows=list(backgrounds.ROWS))
+    estimate, _ = backgrounds.full_protocol_estimate(result, args)
+    line = backgrounds.remaining_estimate(result, args, estimate)
+    done = 2 * len(fits) + 0.5
+    assert f"{2 * len(fits)} of the protocol's {5 * len(fits)} fits, {done:.1f} h" in line
+    assert f"remaining at this cost: {(estimate / 3600 - done):.1f} h" in line
+    assert "no finished fit yet" not in line
+    # the fits of a row not measured yet are named (their cost is not in the figure)
+    partial = dict(result, work={fit: (0 if fit[0] == "piecewise" else w) for fit, w in result["work"].items()})
+    assert "rows with no finished fit yet (piecewise" in backgrounds.remaining_estimate(partial, args, estimate)
+    assert backgrounds.remaining_estimate(dict(result, finished=5 * len(fits)), args, estimate) == ""
+    for other in (dict(n_folds=2), dict(max_iter=30), dict(incremental=None), dict(rows=["independent"])):
+        assert backgrounds.remaining_estimate(result, argparse.Namespace(**{**vars(args), **other}), estimate) == ""
+    assert backgrounds.remaining_estimate(dict(result, data=types.SimpleNamespace(images=[None] * 40)),
+                                          args, estimate) == ""
+
+
 def _recording_fits(monkeypatch):
     """The keyword arguments of every MarginalCRF.fit call, in a list."""
     from sklearn_margcrf import MarginalCRF

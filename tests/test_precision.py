@@ -81,6 +81,32 @@ def test_loss_and_grad_in_float32_agrees_with_float64(loss, inference, mode):
     np.testing.assert_allclose(gp32, gp64, atol=tol * scale)
 
 
+@pytest.mark.parametrize("loss,n_iter", [("surrogate_likelihood", 5), ("clique_logistic", 20), ("pseudolikelihood", None)])
+def test_float32_loss_values_are_smooth_along_a_line(loss, n_iter):
+    """On an image-sized grid (the backgrounds', 48 x 64, K = 8) the float32
+    loss follows float64 along a line to a few 1e-9 of its value (the
+    gap's spread): the terms are float32 but their totals float64. Float32
+    totals jitter by their rounding (5e-8 to 1.2e-7 of the value here), noise
+    that L-BFGS's line search chases near the end of a fit."""
+    rng = np.random.default_rng(0)
+    shape, K = (48, 64), 8
+    edges = grid_edges(*shape)
+    unary = rng.normal(0, 2, (shape[0] * shape[1], K))
+    pairwise = 2 * np.eye(K) + rng.normal(0, 0.5, (len(edges), K, K))
+    labels = np.argmax(unary + rng.normal(0, 2, unary.shape), axis=1)
+    labels[rng.random(len(labels)) < 0.3] = -1
+    direction_unary, direction_pairwise = rng.normal(size=unary.shape), rng.normal(size=pairwise.shape)
+    gaps, values = [], []
+    for t in np.linspace(0.0, 1e-3, 21):
+        u, p = unary + t * direction_unary, pairwise + t * direction_pairwise
+        v64, _, _ = loss_and_grad(edges, u, p, labels, loss=loss, n_iter=n_iter)
+        v32, _, _ = loss_and_grad(edges, *single(u, p), labels, loss=loss, n_iter=n_iter)
+        gaps.append(v32 - v64)
+        values.append(v64)
+    assert np.ptp(values) > 1e-5 * abs(values[0])  # the line moves the loss
+    assert np.std(gaps) < 1.5e-8 * abs(values[0])
+
+
 @pytest.mark.parametrize("rho", [0.5, 1.0])
 @pytest.mark.parametrize("scale", [1.0, 20.0])
 def test_float32_is_accurate_within_the_stated_range(scale, rho):
