@@ -13,7 +13,8 @@ marginals after N iterations, which need not be locally consistent.
 
 Both compute in the marginals' dtype (float32 or float64), gradients too, but
 sum their values in float64 (a float32 total of thousands of terms carries a
-rounding noise that L-BFGS's line search would see). Probabilities are
+rounding noise larger than the decreases L-BFGS's line search looks for near
+the end of a fit). Probabilities are
 floored at ``TINY`` (float32: ``1e-37``) inside logarithms, so that ``0 log 0 = 0``
 and gradients stay finite when marginals underflow at extreme parameters.
 """

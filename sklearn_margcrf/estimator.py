@@ -525,7 +525,11 @@ class MarginalCRF(BaseEstimator):
         represents the potentials exactly up to differences of about
         ``85 * rho`` (float64: ``690 * rho``), far beyond the potentials that
         regularised fits on scaled features produce. The weights, the
-        products with the features and L-BFGS stay in float64.
+        products with the features, the totals of the objective (losses,
+        log-partition estimates and entropies, summed over their float32
+        terms) and L-BFGS stay in float64: a float32 total of an image's
+        terms would jitter by about 1e-7 of itself, more than the decrease
+        that L-BFGS's line searches look for near the end of a fit.
     checkpoints : int >= 1 or None, default=None
         Memory of truncated fitting: keep this many snapshots of the
         messages per image (and one work slot) and recompute the others in

@@ -95,8 +95,8 @@ def _labels_and_mask(labels):
 def _weighted_sum(values, weights):
     """``sum(values)``, or ``sum(weights * values)`` when weights are given,
     accumulated in float64 whatever the values' dtype: a float32 total of an
-    image's terms is good to about 1e-7 of itself only, noise in which
-    L-BFGS's line search loses its way near the end of a fit."""
+    image's terms is good to about 1e-7 of itself only, more than the
+    decrease that L-BFGS's line search looks for near the end of a fit."""
     if weights is None:
         return values.sum(dtype=np.float64)
     return (weights * values).sum(dtype=np.float64)
