@@ -1113,11 +1113,13 @@ class MarginalCRF(BaseEstimator):
                 RuntimeWarning,
             )
         if diagnostics.floored:
+            single = np.dtype(self.dtype) == np.float32
+            floor, span = ("1e-37 of float32", "85 * rho") if single else ("1e-300", "690 * rho")
             warn_at_caller(
-                f"during {where}: {self.inference} message entries were at the floor 1e-300 "
-                f"{among.format(diagnostics.floored)}: some parameters differ by more than about 690 * rho, beyond "
+                f"during {where}: {self.inference} message entries were at the floor {floor} "
+                f"{among.format(diagnostics.floored)}: some parameters differ by more than about {span}, beyond "
                 f"what the messages can represent, so the marginals there may be inaccurate; use a larger reg, "
-                f"mean field or exact inference",
+                + ("dtype=numpy.float64, " if single else "") + "mean field or exact inference",
                 RuntimeWarning,
             )
         if diagnostics.fallback:

@@ -808,4 +808,27 @@ def test_prediction_warnings_reach_the_caller_under_process_backends():
             est.set_params(n_jobs=n_jobs).predict(X)
         reported.append([str(w.message) for w in caught if "at the floor" in str(w.message)])
     assert len(reported[0]) == 1 and "during prediction" in reported[0][0]
+    assert "1e-300" in reported[0][0] and "690 * rho" in reported[0][0] and "float64" not in reported[0][0]
     assert reported[1] == reported[0]
+
+
+def test_float32_floor_warning_of_a_fit_names_float32s_floor_and_range():
+    """Between float32's range (85 * rho) and float64's (690 * rho) only a
+    float32 fit floors its messages; its warning says so, with the remedy."""
+    X, y = make_structured_data(n_samples=2, shape=(4, 4))
+    est = fit_quietly(MarginalCRF(n_iter=3, max_iter=2), X, y)
+    unary_coef = np.zeros_like(est.unary_coef_)
+    pairwise_coef = np.zeros_like(est.pairwise_coef_)
+    assert all(np.all(x.edge_features.sum(axis=1) == 1) for x in X)  # horizontal / vertical indicators
+    pairwise_coef[0, 0, :] = 150.0  # theta_ij(0, 0) = 150 on every edge: messages favour 0 by about exp(150 / rho)
+    messages = {}
+    for dtype in (np.float32, np.float64):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            MarginalCRF(n_iter=3, max_iter=1, dtype=dtype).fit(
+                X, y, unary_coef_init=unary_coef, pairwise_coef_init=pairwise_coef)
+        messages[dtype] = [str(w.message) for w in caught if "at the floor" in str(w.message)]
+    assert messages[np.float64] == []
+    assert len(messages[np.float32]) == 1
+    assert "floor 1e-37 of float32" in messages[np.float32][0] and "85 * rho" in messages[np.float32][0]
+    assert "dtype=numpy.float64" in messages[np.float32][0]
