@@ -62,6 +62,7 @@ import numpy as np
 import _common
 
 N_STATES = 8
+N_IMAGES = 715  # the data set's, all in the paper's protocol
 ITERATIONS = (5, 10, 20)
 
 #: key -> (table name, MarginalCRF parameters, truncated?). Truncated rows are
@@ -410,7 +411,7 @@ def tables(result, args):
     return table, timing
 
 
-def full_protocol_estimate(result, args, n_images=715, n_folds=5, incremental=32, max_iter=1000, iters=ITERATIONS):
+def full_protocol_estimate(result, args, n_images=N_IMAGES, n_folds=5, incremental=32, max_iter=1000, iters=ITERATIONS):
     """Seconds of the paper's protocol, from this run's cost per image x
     L-BFGS iteration (truncated rows: a line a + b n_iter through the measured
     costs, proportional to n_iter with a single measurement). Small runs
@@ -448,8 +449,8 @@ def remaining_estimate(result, args, estimate):
     cost: the estimate less the fits (and independent starts) done, when
     this run is that protocol (all images and rows, 5 folds, incremental 32 /
     1000 iterations, 5/10/20 it.); empty otherwise or when it is complete."""
-    protocol = (len(result["data"].images) == 715 and args.n_folds == 5 and args.incremental == 32
-                and args.max_iter == 1000 and tuple(args.iters) == ITERATIONS and set(args.rows) == set(ROWS))
+    protocol = (len(result["data"].images) == N_IMAGES and set(args.rows) == set(ROWS)
+                and all(getattr(args, name) == FULL[name] for name in ("n_folds", "incremental", "max_iter", "iters")))
     n_protocol_fits = len(result["fits"]) * args.n_folds
     if not protocol or result["finished"] >= n_protocol_fits:
         return ""
