@@ -1117,16 +1117,13 @@ class MarginalCRF(BaseEstimator):
                 RuntimeWarning,
             )
         if diagnostics.floored:
-            from .trw import MESSAGE_FLOOR
+            from .trw import floor_clause
 
             dtype = np.dtype(self.dtype)
-            reach = int(-np.log(MESSAGE_FLOOR[dtype]))  # as infer's warning: differences whose messages floor
             warn_at_caller(
-                f"during {where}: {self.inference} message entries were at the floor {MESSAGE_FLOOR[dtype]:g}"
-                f"{' of float32' if dtype == np.float32 else ''} {among.format(diagnostics.floored)}: some "
-                f"parameters differ by more than about {reach} * "
-                f"rho, beyond what the messages can represent, so the marginals there may be inaccurate; use a "
-                f"larger reg, {'dtype=numpy.float64, ' if dtype == np.float32 else ''}mean field or exact inference",
+                f"during {where}: {self.inference} message entries were at {floor_clause(dtype)} "
+                f"{among.format(diagnostics.floored)}, so the marginals there may be inaccurate; use a larger reg, "
+                f"{'dtype=numpy.float64, ' if dtype == np.float32 else ''}mean field or exact inference",
                 RuntimeWarning,
             )
         if diagnostics.fallback:

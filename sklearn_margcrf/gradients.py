@@ -46,7 +46,7 @@ from ._checkpoints import check_checkpoints
 from .exceptions import BackpropDivergenceError, BackpropFallbackWarning
 from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
-from .inference import check_iteration_controls, check_method, method_entropy, resolve_rho, run_inference
+from .inference import check_iteration_controls, check_method, energy, method_entropy, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, PAIRWISE_LOSSES, _marginal_loss, piecewise, pseudolikelihood
 from .trw import floored_message_entries
 
@@ -247,9 +247,7 @@ class _Problem:
         entropy, (dh_unary, dh_pairwise) = method_entropy(
             self.inference, self.edges, result.unary, result.pairwise, self.rho, gradient=True
         )
-        # float64 sums (float32 terms): see losses._weighted_sum
-        value = (np.sum(self.unary * result.unary, dtype=np.float64)
-                 + np.sum(self.pairwise * result.pairwise, dtype=np.float64) + entropy)
+        value = energy(self.unary, self.pairwise, result.unary, result.pairwise) + entropy
         back_unary, back_pairwise = self.backward(state, result, self.unary + dh_unary, self.pairwise + dh_pairwise)
         return value, result.unary + back_unary, result.pairwise + back_pairwise
 
@@ -336,8 +334,9 @@ class _Diagnostics:
     def __add__(self, other):
         return _Diagnostics(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
-    def warnings(self, settings):
-        """(category, message) of each kind that occurred, as :func:`loss_and_grad` reports it."""
+    def warnings(self, settings, dtype):
+        """(category, message) of each kind that occurred, as :func:`loss_and_grad` reports it
+        (``dtype``: the model's)."""
         out = []
         if self.not_converged:
             out.append((RuntimeWarning, (
@@ -347,11 +346,12 @@ class _Diagnostics:
                 "or use gradient_mode='truncated'"
             )))
         if self.floored:
+            from .trw import floor_clause
+
             out.append((RuntimeWarning, (
-                f"{settings.inference}: message entries are at the floor (1e-300 in float64, 1e-37 in float32): "
-                "some parameters differ by more than about 690 * rho (85 * rho in float32), beyond what the "
-                "messages can represent, so the marginals may be inaccurate (even when converged); use smaller "
-                "parameters (e.g. a larger reg), float64, mean field or exact inference"
+                f"{settings.inference}: message entries are at {floor_clause(dtype)}, so the marginals may be "
+                f"inaccurate (even when converged); use smaller parameters (e.g. a larger reg)"
+                f"{', float64' if dtype == np.float32 else ''}, mean field or exact inference"
             )))
         if self.fallback:
             out.append((BackpropFallbackWarning, (
@@ -589,6 +589,6 @@ def loss_and_grad(
         value, grad_unary, grad_pairwise, diagnostics, _ = _loss_and_grad(edges, unary, pairwise, labels, settings,
                                                                            node_weight)
         grad_unary, grad_pairwise = owned(grad_unary), owned(grad_pairwise)
-    for category, message in diagnostics.warnings(settings):
+    for category, message in diagnostics.warnings(settings, grad_unary.dtype):
         warn_at_caller(message, category)
     return value, grad_unary, grad_pairwise

@@ -145,6 +145,14 @@ def method_entropy(method, edges, unary_marginals, pairwise_marginals, rho, grad
     return trw_entropy(edges, unary_marginals, pairwise_marginals, rho, gradient=gradient)
 
 
+def energy(unary, pairwise, unary_marginals, pairwise_marginals):
+    """``theta . mu``, the energy term of a log-partition estimate (beside the
+    entropy), summed in float64 over terms in the model's dtype (a float32
+    total of thousands of terms is off by more than L-BFGS's decreases)."""
+    return (np.sum(unary * unary_marginals, dtype=np.float64)
+            + np.sum(pairwise * pairwise_marginals, dtype=np.float64))
+
+
 def _trw_forward(edges, unary, pairwise, rho, n_iter, tol, max_iter, keep_stack, checkpoints, start=None,
                  check_converged=True):
     from .trw import _forward
@@ -216,18 +224,15 @@ KERNELS = {
 
 
 def _warn_floored(method, state):
-    from .trw import MESSAGE_FLOOR, floored_message_entries
+    from .trw import floor_clause, floored_message_entries
 
     n_floored = floored_message_entries(state)
     if n_floored:
         dtype = state.unary.dtype
-        reach = int(-np.log(MESSAGE_FLOOR[dtype]))  # parameter differences whose messages reach the floor
         warn_at_caller(
-            f"{method}: {n_floored} message entries are at the floor {MESSAGE_FLOOR[dtype]:g} of {dtype}: some "
-            f"parameters differ by more than about {reach} * rho, beyond what the messages can represent, so the "
-            f"marginals and the log-partition estimate may be inaccurate (even when converged is True); "
-            f"use smaller parameters (e.g. a larger reg){', float64' if dtype == np.float32 else ''}, mean field "
-            f"or exact inference",
+            f"{method}: {n_floored} message entries are at {floor_clause(dtype)}, so the marginals and the "
+            f"log-partition estimate may be inaccurate (even when converged is True); use smaller parameters "
+            f"(e.g. a larger reg){', float64' if dtype == np.float32 else ''}, mean field or exact inference",
             RuntimeWarning,
         )
 
@@ -264,8 +269,7 @@ def run_inference(edges, unary, pairwise, method, rho, n_iter, tol, max_iter, ke
     if log_partition:
         mu2 = state.pairwise_marginals
         entropy = method_entropy(method, edges, mu, mu2, rho)
-        # summed in float64, returned in the model's dtype
-        log_partition = dtype(np.sum(unary * mu, dtype=np.float64) + np.sum(pairwise * mu2, dtype=np.float64) + entropy)
+        log_partition = dtype(energy(unary, pairwise, mu, mu2) + entropy)  # in float64, returned in the model's dtype
     else:  # a kernel's state may compute them on first access (TRW on grids, mean field)
         log_partition = None
         mu2 = lambda: state.pairwise_marginals  # noqa: E731

@@ -227,6 +227,16 @@ _ADJOINT_BLOWUP = 1e100  # fixed-point reverse sweeps have diverged beyond this
 #: Smallest message entry per compute dtype, as quoted to users.
 MESSAGE_FLOOR = {dtype: values[0] for dtype, values in _LIMIT_VALUES.items()}
 
+
+def floor_clause(dtype):
+    """What messages at the floor of ``dtype`` mean, in the words of every
+    floor warning (``infer``, ``loss_and_grad``, a fit's): the floor, and the
+    parameter differences (times rho) whose messages reach it."""
+    dtype = np.dtype(dtype)
+    floor = MESSAGE_FLOOR[dtype]
+    return (f"the floor {floor:g} of {dtype}: some parameters differ by more than about {int(-np.log(floor))} * rho, "
+            "beyond what the messages can represent")
+
 # rho classes, chosen in Python, branched on in the kernels
 _RHO_GENERAL = 0  # m ** rho
 _RHO_ONE = 1  # m (loopy BP): the power array *is* the message array

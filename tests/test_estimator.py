@@ -808,7 +808,8 @@ def test_prediction_warnings_reach_the_caller_under_process_backends():
             est.set_params(n_jobs=n_jobs).predict(X)
         reported.append([str(w.message) for w in caught if "at the floor" in str(w.message)])
     assert len(reported[0]) == 1 and "during prediction" in reported[0][0]
-    assert "1e-300" in reported[0][0] and "690 * rho" in reported[0][0] and "float64" not in reported[0][0]
+    assert "floor 1e-300 of float64" in reported[0][0] and "690 * rho" in reported[0][0]
+    assert "dtype=numpy.float64" not in reported[0][0]  # the remedy of float32 fits only
     assert reported[1] == reported[0]
 
 

@@ -142,11 +142,25 @@ def test_float32_floor_warning_names_the_dtype():
     edges = grid_edges(2, 2)
     unary = np.array([[1.0, 0], [0, 1], [1, 0], [0, 0]], np.float32) * 200
     pairwise = np.tile(np.eye(2, dtype=np.float32), (4, 1, 1)) * 200
-    with pytest.warns(RuntimeWarning, match=r"floor 1e-37 of float32.*85 \* rho"):
+    labels = np.array([0, 1, 0, 0])
+    with pytest.warns(RuntimeWarning, match=r"floor 1e-37 of float32.*85 \* rho.*float64, mean field"):
         infer(edges, unary, pairwise, rho=0.5)
+    with pytest.warns(RuntimeWarning, match=r"floor 1e-37 of float32.*85 \* rho.*float64, mean field"):
+        loss_and_grad(edges, unary, pairwise, labels, rho=0.5, n_iter=10)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the same model is within float64's range
         infer(edges, unary.astype(np.float64), pairwise.astype(np.float64), rho=0.5)
+        loss_and_grad(edges, unary.astype(np.float64), pairwise.astype(np.float64), labels, rho=0.5, n_iter=10)
+    # ten times larger is beyond float64's range too, and its warnings name float64's floor and range
+    for warn in (lambda: infer(edges, 10 * unary.astype(np.float64), 10 * pairwise.astype(np.float64), rho=0.5),
+                 lambda: loss_and_grad(edges, 10 * unary.astype(np.float64), 10 * pairwise.astype(np.float64), labels,
+                                       rho=0.5, n_iter=10)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warn()
+        messages = [str(w.message) for w in caught if "at the floor" in str(w.message)]
+        assert len(messages) == 1 and "floor 1e-300 of float64" in messages[0] and "690 * rho" in messages[0]
+        assert "float64, mean field" not in messages[0]
 
 
 def test_float32_multiplier_bound():
