@@ -48,7 +48,7 @@ from .inference import KERNELS
 from .inference import METHODS as INFERENCE_METHODS
 from .inference import check_iteration_controls, check_method, energy, method_entropy, resolve_rho, run_inference
 from .losses import MARGINAL_LOSSES, PAIRWISE_LOSSES, _marginal_loss, piecewise, pseudolikelihood
-from .trw import floored_message_entries
+from .trw import floor_clause, floored_message_entries
 
 __all__ = ["loss_and_grad", "LOSSES", "GRADIENT_MODES", "check_combination"]
 
@@ -346,8 +346,6 @@ class _Diagnostics:
                 "or use gradient_mode='truncated'"
             )))
         if self.floored:
-            from .trw import floor_clause
-
             out.append((RuntimeWarning, (
                 f"{settings.inference}: message entries are at {floor_clause(dtype)}, so the marginals may be "
                 f"inaccurate (even when converged); use smaller parameters (e.g. a larger reg)"

@@ -237,6 +237,7 @@ def floor_clause(dtype):
     return (f"the floor {floor:g} of {dtype}: some parameters differ by more than about {int(-np.log(floor))} * rho, "
             "beyond what the messages can represent")
 
+
 # rho classes, chosen in Python, branched on in the kernels
 _RHO_GENERAL = 0  # m ** rho
 _RHO_ONE = 1  # m (loopy BP): the power array *is* the message array
