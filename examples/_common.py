@@ -142,15 +142,22 @@ def format_table(title, header, rows, paper=None):
     names = [name for name, _ in rows]
     width = max([len(n) for n in names] + [len(header[0])]) + 2
     cols = header[1:]
+    # each column as wide as its widest entry, so that long headers
+    # ("10it train") and status texts stay apart from their neighbours
+    widths = [max([10, len(c) + 2] + [len(cell(values[i])) + 2 for _, values in rows if i < len(values)])
+              for i, c in enumerate(cols)]
+    paper_widths = [max([7, len(c) + 1] + [len(cell(paper[name][i])) + 1 for name, _ in rows
+                                      if paper is not None and name in paper and i < len(paper[name])])
+                    for i, c in enumerate(cols)]
     lines = [title, ""]
-    head = header[0].ljust(width) + "".join(f"{c:>10}" for c in cols)
+    head = header[0].ljust(width) + "".join(f"{c:>{w}}" for c, w in zip(cols, widths))
     if paper is not None:
-        head += "   | paper: " + " ".join(f"{c:>7}" for c in cols)
+        head += "   | paper: " + " ".join(f"{c:>{w}}" for c, w in zip(cols, paper_widths))
     lines += [head, "-" * len(head)]
     for name, values in rows:
-        line = name.ljust(width) + "".join(f"{cell(v):>10}" for v in values)
+        line = name.ljust(width) + "".join(f"{cell(v):>{w}}" for v, w in zip(values, widths))
         if paper is not None and name in paper:
-            line += "   |        " + " ".join(f"{cell(v):>7}" for v in paper[name])
+            line += "   |        " + " ".join(f"{cell(v):>{w}}" for v, w in zip(paper[name], paper_widths))
         lines.append(line)
     return "\n".join(lines)
 

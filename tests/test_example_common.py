@@ -1,6 +1,7 @@
 """examples/_common.py: cached features and resumable, checkpointed fits."""
 
 import os
+import re
 import signal
 
 import numpy as np
@@ -180,3 +181,23 @@ def test_bootstrap_sd_is_the_standard_error_of_a_mean():
     assert _common.bootstrap_sd(lambda i: 0.25, 10) == 0.0
     # seeded: the same resamples every time
     assert sd == _common.bootstrap_sd(lambda i: values[i].mean(), len(values), draws=4000)
+
+
+def test_format_table_keeps_wide_headers_and_cells_apart():
+    """Headers wider than a number ("10it train") and long status texts
+    stay separated from their neighbours, in our columns and the paper's."""
+    header = ["loss", "lambda", "10it train", "10it test", "status"]
+    rows = [("clique logistic", ["1e-3", 0.193, 0.203, "shared by the rows at this lambda"]),
+            ("independent", ["1e-4", None, 0.288, "ok"])]
+    paper = {"clique logistic": ["1e-3", 0.198, 0.223, "long paper entry"]}
+    text = _common.format_table("title", header, rows, paper=paper)
+    head, _, first, second = text.splitlines()[2:6]
+    ours, theirs = head.split("|")
+    assert re.split(r"\s{2,}", ours.strip()) == header
+    assert re.split(r"\s{2,}", theirs.strip()) == ["paper:"] + header[1:]
+    assert first.split("|")[0].split() == ["clique", "logistic", "1e-3", "0.193", "0.203", "shared", "by", "the",
+                                           "rows", "at", "this", "lambda"]
+    assert first.split("|")[1].split() == ["1e-3", "0.198", "0.223", "long", "paper", "entry"]
+    # columns line up: each value ends where its header ends
+    for line in (first, second):
+        assert line.index("0.203" if line is first else "0.288") + 5 == ours.index("10it test") + len("10it test")
