@@ -142,13 +142,15 @@ def format_table(title, header, rows, paper=None):
     names = [name for name, _ in rows]
     width = max([len(n) for n in names] + [len(header[0])]) + 2
     cols = header[1:]
-    # each column as wide as its widest entry, so that long headers
-    # ("10it train") and status texts stay apart from their neighbours
-    widths = [max([10, len(c) + 2] + [len(cell(values[i])) + 2 for _, values in rows if i < len(values)])
-              for i, c in enumerate(cols)]
-    paper_widths = [max([7, len(c) + 1] + [len(cell(paper[name][i])) + 1 for name, _ in rows
-                                      if paper is not None and name in paper and i < len(paper[name])])
-                    for i, c in enumerate(cols)]
+
+    def column_widths(value_lists, minimum, gap):
+        """Each column as wide as its widest header or entry plus ``gap``, so
+        that long headers ("10it train") and status texts stay apart."""
+        entries = [[c] + [cell(values[i]) for values in value_lists if i < len(values)] for i, c in enumerate(cols)]
+        return [max(minimum, max(len(e) for e in column) + gap) for column in entries]
+
+    widths = column_widths([values for _, values in rows], 10, 2)
+    paper_widths = column_widths([paper[name] for name in names if name in paper] if paper is not None else [], 7, 1)
     lines = [title, ""]
     head = header[0].ljust(width) + "".join(f"{c:>{w}}" for c, w in zip(cols, widths))
     if paper is not None:
