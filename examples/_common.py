@@ -483,13 +483,24 @@ def partial_run_note(n_finished, n_cells):
     return f"\nPARTIAL RUN: {n_finished} of {n_cells} cells finished; blank cells are not run yet."
 
 
-def _handle_usr1(handler):
-    """Install ``handler`` for SIGUSR1 and return the previous one (None, and
-    nothing installed, where there is no SIGUSR1 or off the main thread)."""
+@contextlib.contextmanager
+def checkpoint_requests():
+    """While inside, SIGUSR1 appends to the list this yields instead of
+    ending the process: a fit's callback that finds the list non-empty writes
+    a checkpoint after the current L-BFGS iteration, clears it and goes on
+    (``kill -USR1 <pid>`` before a planned stop keeps the iterations since
+    the last periodic save). The previous handler is put back on leaving.
+    Where there is no SIGUSR1, or off the main thread, nothing is installed
+    and the list stays empty."""
+    requested = []
     if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
-        return None
-    previous = signal.signal(signal.SIGUSR1, handler)
-    return signal.SIG_DFL if previous is None else previous  # None: not set from Python
+        yield requested
+        return
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: requested.append(signum))
+    try:
+        yield requested
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL if previous is None else previous)  # None: not set from Python
 
 
 def write_atomically(path, content):
@@ -575,20 +586,28 @@ class ResumableFits:
         def save_and_count(progress):
             # the iterations of the schedule's stages, as n_iter_ counts them (not the initialising fits')
             counted["iterations"] += progress.stage_index is not None
-            if progress.n_iter % self.every == 0:
+            if progress.n_iter % self.every == 0 or requested:
                 checkpoint.save(progress)
                 write_json(progress_path, {
                     "seconds": before["seconds"] + progress.elapsed,
                     "lbfgs_iterations": before["lbfgs_iterations"] + counted["iterations"],
                     "restarts": before["restarts"], "runs": before["runs"] + 1,
                 })
+                if requested:
+                    requested.clear()
+                    self.log(f"    checkpoint of {name} written after "
+                             f"{before['lbfgs_iterations'] + counted['iterations']} L-BFGS iterations, "
+                             "as asked by SIGUSR1")
             return False
 
         if not resume and start is not None:
             unary_coef, pairwise_coef = start()
             resume = {"unary_coef_init": unary_coef, "pairwise_coef_init": pairwise_coef}
-        seconds = timed_fit(model.set_params(callback=save_and_count), X, y, **resume)
-        model.set_params(callback=None)
+        try:
+            with checkpoint_requests() as requested:
+                seconds = timed_fit(model.set_params(callback=save_and_count), X, y, **resume)
+        finally:
+            model.set_params(callback=None)
         state = {
             "seconds": before["seconds"] + seconds, "lbfgs_iterations": before["lbfgs_iterations"] + model.n_iter_,
             "restarts": before["restarts"] + model.n_restarts_, "runs": before["runs"] + 1,
@@ -714,7 +733,6 @@ class Checkpoints:
                     loss_curve=before["loss_curve"] + curve[:n_iter], done=done,
                 )
 
-            requested = []
 
             def checkpoint(progress):
                 curve.append(progress.objective)
@@ -730,15 +748,13 @@ class Checkpoints:
 
             remaining = max_iter - state["lbfgs_iterations"]
             part = model.set_params(max_iter=remaining, callback=checkpoint)
-            previous = _handle_usr1(lambda signum, frame: requested.append(signum))
             try:
-                seconds = timed_fit(
-                    part, X, y, unary_coef_init=state["unary_coef"], pairwise_coef_init=state["pairwise_coef"]
-                )
+                with checkpoint_requests() as requested:
+                    seconds = timed_fit(
+                        part, X, y, unary_coef_init=state["unary_coef"], pairwise_coef_init=state["pairwise_coef"]
+                    )
             finally:
                 model.set_params(callback=None)
-                if previous is not None:
-                    _handle_usr1(previous)
             state = progress_state(part.unary_coef_, part.pairwise_coef_, part.n_iter_, part.n_restarts_, seconds, True)
             self.save(name, state)
         model = restore(model.set_params(max_iter=max_iter), state)

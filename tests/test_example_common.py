@@ -1,5 +1,6 @@
 """examples/_common.py: cached features and resumable, checkpointed fits."""
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import pytest
 import _common
 from estimator_checks import make_structured_data
 from sklearn_margcrf import MarginalCRF
+from sklearn_margcrf.callbacks import Checkpoint
 
 
 def _fresh(store_dir, X, y, segment, max_iter=7):
@@ -71,23 +73,33 @@ def test_an_interrupted_fit_resumes_from_its_last_checkpoint(tmp_path, monkeypat
     assert resumed.loss_curve_ == saved["loss_curve"] + by_hand.loss_curve_
 
 
+def _signalled_in_iteration(n_iter, interrupt_at=None):
+    """``_common.timed_fit`` whose fit sends itself SIGUSR1 in L-BFGS iteration
+    ``n_iter`` (before the store's callback sees it) and, with
+    ``interrupt_at``, is killed in that iteration (the planned stop)."""
+    timed_fit = _common.timed_fit
+
+    def signalled(model, X, y, **fit_params):
+        store_callback = model.callback
+
+        def callback(progress):
+            if progress.n_iter == n_iter:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            if progress.n_iter == interrupt_at:
+                raise KeyboardInterrupt
+            return store_callback(progress)
+
+        return timed_fit(model.set_params(callback=callback), X, y, **fit_params)
+
+    return signalled
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
 def test_sigusr1_writes_a_checkpoint_after_the_current_iteration(tmp_path, monkeypatch):
     X, y = make_structured_data(n_samples=3)
     saved = _saves(_common.Checkpoints(tmp_path), monkeypatch)
-    timed_fit, logged = _common.timed_fit, []
-
-    def signalled_in_iteration_2(model, X, y, **fit_params):
-        checkpoint = model.callback
-
-        def callback(progress):
-            if progress.n_iter == 2:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            checkpoint(progress)
-
-        return timed_fit(model.set_params(callback=callback), X, y, **fit_params)
-
-    monkeypatch.setattr(_common, "timed_fit", signalled_in_iteration_2)
+    logged = []
+    monkeypatch.setattr(_common, "timed_fit", _signalled_in_iteration(2))
     before = signal.getsignal(signal.SIGUSR1)
     with _common.ignore_convergence_warnings():
         model, state = _common.Checkpoints(tmp_path).fit(
@@ -201,3 +213,34 @@ def test_format_table_keeps_wide_headers_and_cells_apart():
     # columns line up: each value ends where its header ends
     for line, value in ((first, "0.203"), (second, "0.288")):
         assert line.index(value) + len(value) == ours.index("10it test") + len("10it test")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_sigusr1_checkpoints_a_resumable_fit_which_a_rerun_resumes(tmp_path, monkeypatch):
+    # backgrounds.py's store: the signal must save the iterations since the last
+    # periodic save, not end the run (before, it ended it and lost them)
+    X, y = make_structured_data(n_samples=3)
+    logged = []
+
+    def model():
+        return MarginalCRF(n_iter=3, init="zeros", max_iter=7, incremental=1, random_state=0)
+
+    store = _common.ResumableFits(tmp_path, every=5, log=logged.append)
+    before = signal.getsignal(signal.SIGUSR1)
+    with _common.ignore_convergence_warnings():
+        with monkeypatch.context() as patch:
+            patch.setattr(_common, "timed_fit", _signalled_in_iteration(2, interrupt_at=3))
+            with pytest.raises(KeyboardInterrupt):
+                store.fit("cell", model(), X, y)
+        assert signal.getsignal(signal.SIGUSR1) == before
+        assert logged == ["    checkpoint of cell written after 2 L-BFGS iterations, as asked by SIGUSR1"]
+        progress = json.loads((tmp_path / "cell.progress.json").read_text())
+        assert progress["lbfgs_iterations"] == 2 and progress["runs"] == 1
+        saved = Checkpoint(tmp_path / "cell.fit.npz").fit_params()
+        assert saved["stage_init"] == (0, 2)  # in the schedule's first stage, after 2 of its iterations
+        resumed, state = store.fit("cell", model(), X, y)
+        by_hand = model().fit(X, y, **saved)
+    assert logged[1].startswith("    resuming cell at stage (0, 2) after 2 L-BFGS iterations")
+    assert state["runs"] == 2 and state["lbfgs_iterations"] == 2 + by_hand.n_iter_
+    np.testing.assert_array_equal(resumed.unary_coef_, by_hand.unary_coef_)
+    np.testing.assert_array_equal(resumed.pairwise_coef_, by_hand.pairwise_coef_)
