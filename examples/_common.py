@@ -503,6 +503,14 @@ def checkpoint_requests():
         signal.signal(signal.SIGUSR1, signal.SIG_DFL if previous is None else previous)  # None: not set from Python
 
 
+def log_served_request(requested, log, name, lbfgs_iterations):
+    """After a checkpoint: if SIGUSR1 asked for it (``requested``, from
+    :func:`checkpoint_requests`), clear the request and say so in ``log``."""
+    if requested:
+        requested.clear()
+        log(f"    checkpoint of {name} written after {lbfgs_iterations} L-BFGS iterations, as asked by SIGUSR1")
+
+
 def write_atomically(path, content):
     """Write ``content`` (bytes) to ``path`` through a temporary file, flushed
     to disk and renamed: a run killed meanwhile leaves the previous file or
@@ -588,16 +596,12 @@ class ResumableFits:
             counted["iterations"] += progress.stage_index is not None
             if progress.n_iter % self.every == 0 or requested:
                 checkpoint.save(progress)
+                iterations = before["lbfgs_iterations"] + counted["iterations"]
                 write_json(progress_path, {
-                    "seconds": before["seconds"] + progress.elapsed,
-                    "lbfgs_iterations": before["lbfgs_iterations"] + counted["iterations"],
+                    "seconds": before["seconds"] + progress.elapsed, "lbfgs_iterations": iterations,
                     "restarts": before["restarts"], "runs": before["runs"] + 1,
                 })
-                if requested:
-                    requested.clear()
-                    self.log(f"    checkpoint of {name} written after "
-                             f"{before['lbfgs_iterations'] + counted['iterations']} L-BFGS iterations, "
-                             "as asked by SIGUSR1")
+                log_served_request(requested, self.log, name, iterations)
             return False
 
         if not resume and start is not None:
@@ -733,7 +737,6 @@ class Checkpoints:
                     loss_curve=before["loss_curve"] + curve[:n_iter], done=done,
                 )
 
-
             def checkpoint(progress):
                 curve.append(progress.objective)
                 if progress.n_iter % segment == 0 or requested:
@@ -741,10 +744,7 @@ class Checkpoints:
                         progress.unary_coef, progress.pairwise_coef, progress.n_iter, progress.n_restarts,
                         progress.elapsed, False,
                     ))
-                    if requested:
-                        requested.clear()
-                        log(f"    checkpoint of {name} written after {before['lbfgs_iterations'] + progress.n_iter} "
-                            "L-BFGS iterations, as asked by SIGUSR1")
+                    log_served_request(requested, log, name, before["lbfgs_iterations"] + progress.n_iter)
 
             remaining = max_iter - state["lbfgs_iterations"]
             part = model.set_params(max_iter=remaining, callback=checkpoint)
