@@ -13,7 +13,9 @@ horizontal / vertical halves). Predicted marginals are upsampled to the
 image's own size and errors are counted there, over the labelled pixels.
 
 Protocol of the paper (the default): five-fold cross-validation over all 715
-images (the loader's ``folds``), TRW, K = 8 states; rows
+images (the loader's ``folds``, drawn at random with ``--seed``;
+``--contiguous-folds`` takes contiguous runs of the sorted ids instead, which
+come in ranges by source), TRW, K = 8 states; rows
 
 * surrogate EM (``loss="surrogate_likelihood"``, hidden labels), univariate
   and clique logistic, lambda = 1e-3, truncated fitting with 5, 10 and 20
@@ -37,7 +39,10 @@ Run::
 L-BFGS iterations (6 x 8, then the 12 training images x 4). ``--rows``, ``--iters``, ``--folds``, ``--n-images``,
 ``--max-iter``, ``--incremental`` select a part of the protocol (e.g. one fold
 at a time on a shared machine). Outputs in ``--out``: ``backgrounds_table.txt``,
-``backgrounds_marginals.png``, ``backgrounds_results.json``.
+``backgrounds_marginals.png``, ``backgrounds_results.json``; a run whose folds
+or model differ from the paper's (``--contiguous-folds``, ``--dtype``,
+``--rho``, ``--objective-tol``) names them after it, e.g.
+``backgrounds-float32_table.txt``, so that no variant replaces another's.
 
 Long runs are resumable. Each fold's fit of a row saves its weights every
 ``--segment`` L-BFGS iterations (the library's
@@ -150,6 +155,9 @@ def _arguments(parser):
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated rows among {','.join(ROWS)} (or all)")
     parser.add_argument("--scale", type=float, default=0.2, help="CRF grid resolution relative to the image (default 0.2)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the folds and the incremental subsets")
+    parser.add_argument("--contiguous-folds", action="store_true",
+                        help="folds in contiguous runs of the sorted ids (the loader's shuffle=False; the ids come "
+                             "in ranges by source) instead of drawn at random (the default; the paper does not say)")
     parser.add_argument("--figure-image", default=None, help="id of the image shown in the figure (default: the first test image)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
                         help="precision of inference and its gradients (MarginalCRF dtype; default float64, the paper's)")
@@ -171,10 +179,13 @@ def _settings(args):
         args.incremental = None
     args.rows = _common.select(args.rows, ROWS, given_order=True)
     args.iters = sorted(set(args.iters))
+    variant = ("-contiguous" if args.contiguous_folds else "") + _common.fit_variant_suffix(args)
     settings = (f"images{args.n_images or 'all'}-folds{args.n_folds}-seed{args.seed}-scale{args.scale:g}"
-                f"-maxiter{args.max_iter}-incremental{args.incremental or 0}"
-                + _common.fit_variant_suffix(args))
+                f"-maxiter{args.max_iter}-incremental{args.incremental or 0}" + variant)
     _common.checkpoint_folder(args, "backgrounds", settings)
+    # the name of the table, results and figure: a run of other folds or another model than the paper's
+    # never replaces the default table (the sizes only select part of a run, and the title states them)
+    args.stem = "backgrounds" + variant
     return args
 
 
@@ -216,7 +227,7 @@ def run(args):
     with _common.Timer() as t_load:
         data = load_stanford_background(
             Path(args.data) / "stanford_background", max_images=args.n_images,
-            n_folds=args.n_folds, random_state=args.seed,
+            n_folds=args.n_folds, shuffle=not args.contiguous_folds, random_state=args.seed,
         )
     folds = np.asarray(data.folds)
     fold_ids = sorted(set(folds.tolist())) if args.folds is None else args.folds
@@ -387,7 +398,7 @@ def tables(result, args):
     folds = ",".join(str(f) for f in result["folds"])
     title = (
         f"Test errors on the backgrounds dataset (TRW, {len(result['data'].images)} images, "
-        f"folds {folds} of {args.n_folds}, incremental={args.incremental}, max_iter={args.max_iter}; "
+        f"folds {folds} of {args.n_folds}{' (contiguous in id order)' if args.contiguous_folds else ''}, incremental={args.incremental}, max_iter={args.max_iter}; "
         "errors over labelled pixels at image resolution; non-truncated rows in the last column)"
     )
     title += _common.partial_run_note(result["finished"], result["n_cells"])
@@ -494,7 +505,7 @@ def figure(result, args):
         f"Example marginals, image {data.ids[index]} (class colours mixed by the marginals, "
         f"upsampled from the {int(args.scale * 100)}% grid)", fontsize=9,
     )
-    return _common.save_figure(fig, args.out, "backgrounds_marginals.png")
+    return _common.save_figure(fig, args.out, f"{args.stem}_marginals.png")
 
 
 def main(argv=None):
@@ -512,7 +523,7 @@ def main(argv=None):
         "Estimated fit time of the paper's protocol (715 images, 5 folds, incremental 32 / 1000 iterations, "
         f"5/10/20 it.) at this run's cost per image x iteration: {estimate / 3600:.1f} h\n" + "\n".join(lines),
     ] + [line for line in [remaining_estimate(result, args, estimate)] if line])
-    _common.report(text, args.out, "backgrounds_table.txt")
+    _common.report(text, args.out, f"{args.stem}_table.txt")
     raw = {
         "settings": {k: v for k, v in vars(args).items()},
         "machine": _common.machine_description(),
@@ -526,7 +537,7 @@ def main(argv=None):
         ],
         "figure": {"path": str(figure_path), "image": result["data"].ids[result["figure_index"]]},
     }
-    (Path(args.out) / "backgrounds_results.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    (Path(args.out) / f"{args.stem}_results.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
     return dict(errors=result["errors"], table=table, figure=figure_path, wall_seconds=total.seconds)
 
 

@@ -382,6 +382,7 @@ def load_stanford_background(
     ids=None,
     max_images=None,
     n_folds=5,
+    shuffle=True,
     random_state=0,
     data_home=None,
     return_X_y=False,
@@ -406,11 +407,19 @@ def load_stanford_background(
     n_folds : int, default=5
         Number of cross-validation folds (the paper uses five-fold
         cross-validation over all 715 images).
+    shuffle : bool, default=True
+        Assign the images to folds at random (``True``) or in contiguous
+        runs of the sorted ids (``False``: fold 0 holds the first fifth of
+        the ids, and so on). The ids come in ranges by source (LabelMe,
+        MSRC, PASCAL VOC, Geometric Context), so contiguous folds test on
+        sources the training folds hold few of. The paper does not say how
+        its folds were drawn.
     random_state : int, RandomState or None, default=0
-        Seeds the fold assignment: ``sklearn.model_selection.KFold(n_folds,
-        shuffle=True, random_state=random_state)`` over *all* images in sorted
-        id order, before ``ids`` / ``max_images`` select a subset, so an
-        image's fold does not depend on the selection.
+        Seeds the fold assignment when ``shuffle``:
+        ``sklearn.model_selection.KFold(n_folds, shuffle=True,
+        random_state=random_state)`` over *all* images in sorted id order,
+        before ``ids`` / ``max_images`` select a subset, so an image's fold
+        does not depend on the selection. Unused when ``shuffle=False``.
     data_home : str or Path, default=None
     return_X_y : bool, default=False
 
@@ -427,6 +436,8 @@ def load_stanford_background(
     from sklearn.model_selection import KFold
 
     n_folds = _check_count(n_folds, "n_folds", minimum=1)
+    if not isinstance(shuffle, (bool, np.bool_)):
+        raise ValueError(f"shuffle must be True or False, got {shuffle!r}")
     folder = _find_dataset(
         path,
         data_home,
@@ -443,7 +454,7 @@ def load_stanford_background(
     if n_folds > 1:
         if n_folds > len(all_ids):
             raise ValueError(f"n_folds={n_folds} exceeds the number of images ({len(all_ids)})")
-        kfold = KFold(n_splits=n_folds, shuffle=True, random_state=random_state)
+        kfold = KFold(n_splits=n_folds, shuffle=bool(shuffle), random_state=random_state if shuffle else None)
         for k, (_, test) in enumerate(kfold.split(np.zeros(len(all_ids)))):
             fold_of[test] = k
     fold_of = dict(zip(all_ids, fold_of))

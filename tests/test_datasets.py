@@ -167,6 +167,23 @@ def test_stanford_fixture(stanford_dir):
     assert len(data.target_names) == 8
 
 
+def test_stanford_contiguous_folds_follow_the_sorted_ids(stanford_dir):
+    contiguous = load_stanford_background(stanford_dir, n_folds=2, shuffle=False, random_state=7)
+    np.testing.assert_array_equal(contiguous.folds, [0, 0, 0, 1, 1])  # KFold's sizes, in id order
+    again = load_stanford_background(stanford_dir, n_folds=2, shuffle=False, random_state=0)
+    np.testing.assert_array_equal(again.folds, contiguous.folds)  # random_state unused
+    subset = load_stanford_background(stanford_dir, ids=["0000004", "0000001"], n_folds=2, shuffle=False)
+    np.testing.assert_array_equal(subset.folds, [0, 1])  # folds of all images, not of the subset
+    drawn = {tuple(load_stanford_background(stanford_dir, n_folds=2, random_state=seed).folds) for seed in range(8)}
+    assert len(drawn) > 1  # shuffle=True (the default) draws the folds with random_state
+
+
+@pytest.mark.parametrize("shuffle", [None, "yes", 1])
+def test_stanford_bad_shuffle(stanford_dir, shuffle):
+    with pytest.raises(ValueError, match="shuffle must be True or False"):
+        load_stanford_background(stanford_dir, shuffle=shuffle)
+
+
 def test_stanford_shared():
     folder = _shared("stanford_background")
     data = load_stanford_background(folder, max_images=4)

@@ -313,3 +313,33 @@ def test_backgrounds_objective_tol_is_the_stopping_rule_of_every_fit(tmp_path, m
     iterations = [json.loads((f / "fold0-univariate_logistic-2it.record.json").read_text())["lbfgs_iterations"]
                   for f in folders]
     assert iterations[0] == 30 and 10 < iterations[1] < 30  # the paper's runs to max_iter; the rule stops
+
+
+def test_backgrounds_contiguous_folds_train_on_the_images_of_the_other_id_runs(tmp_path, monkeypatch):
+    import backgrounds
+    from sklearn_margcrf import MarginalCRF
+    from sklearn_margcrf.datasets import load_stanford_background
+
+    data_dir = tmp_path / "data"
+    make_stanford_fixture(data_dir / "stanford_background", n_images=4, seed=7)
+    data = load_stanford_background(data_dir / "stanford_background", n_folds=2, random_state=0)
+    assert data.folds.tolist() != [0, 0, 1, 1]  # the random folds differ from the contiguous ones
+    real_fit, trained_on = MarginalCRF.fit, []
+
+    def recording_fit(self, X, y, **kwargs):
+        trained_on.append(sorted(int(np.sum(labels)) for labels in y))
+        return real_fit(self, X, y, **kwargs)
+
+    monkeypatch.setattr(MarginalCRF, "fit", recording_fit)
+    out = tmp_path / "out"
+    argv = ["--data", str(data_dir), "--out", str(out), "--n-jobs", "1", "--n-folds", "2", "--folds", "0",
+            "--iters", "2", "--max-iter", "1", "--incremental", "0", "--rows", "independent"]
+    backgrounds.main(argv)
+    backgrounds.main(argv + ["--contiguous-folds"])
+    label_sums = [int(np.sum(labels)) for labels in data.labels]
+    assert trained_on[0] == sorted(s for s, f in zip(label_sums, data.folds) if f != 0)
+    assert trained_on[1] == sorted(label_sums[2:])  # fold 0 holds the first two ids: train on the last two
+    assert "contiguous in id order" in (out / "backgrounds-contiguous_table.txt").read_text()
+    assert "contiguous" not in (out / "backgrounds_table.txt").read_text()  # each run has a table of its own
+    folders = sorted(p.name for p in (out / "backgrounds_checkpoints").iterdir())
+    assert len(folders) == 2 and folders[0] + "-contiguous" == folders[1]
